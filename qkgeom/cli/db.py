@@ -1,0 +1,3 @@
+"""CLI commands (db); owner fills in."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""CLI commands (pretrained); owner fills in."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""CLI commands (stats); owner fills in."""
+
+from __future__ import annotations

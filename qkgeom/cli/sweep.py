@@ -1,0 +1,3 @@
+"""CLI commands (sweep); owner fills in."""
+
+from __future__ import annotations

@@ -1,0 +1,92 @@
+"""The records a trial emits: the one contract between the engine, storage, Ray and stats.
+
+A trial emits one :class:`ProbeRecord` per probe (step 0, every ``probe_every`` steps and
+the last step) and one :class:`StepRecord` per validation point. Metric values are long
+rows ``(layer, head, name, value)``: ``head`` is ``None`` for a layer-level value
+(heads concatenated, or averaged over heads where the metric is per head by nature).
+Values may be non-finite (NaN, inf); storage keeps them faithfully.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# name -> (unit, meaning). Layer-level rows (head NULL) exist for every name; head-level
+# rows exist for those marked per_head.
+METRICS: dict[str, dict[str, Any]] = {
+    "pr_q": dict(per_head=True, unit="dims", doc="participation ratio of mean-centred query "
+                 "activations on the probe batch; layer: heads concatenated"),
+    "pr_k": dict(per_head=True, unit="dims", doc="participation ratio of mean-centred key "
+                 "activations on the probe batch; layer: heads concatenated"),
+    "pr_wq": dict(per_head=True, unit="dims", doc="PR of the squared singular values of W_Q "
+                  "(layer: whole d_model x d_model matrix; head: its d_head rows)"),
+    "pr_wk": dict(per_head=True, unit="dims", doc="PR of the squared singular values of W_K"),
+    "qk_pr": dict(per_head=True, unit="dims", doc="PR of the squared singular values of "
+                  "W_Q^h (W_K^h)^T, computed in factored form; layer: mean over heads"),
+    "qk_erank": dict(per_head=True, unit="dims", doc="effective rank exp(H(s/sum s)) of the "
+                     "singular values of W_Q^h (W_K^h)^T; layer: mean over heads"),
+    "logit_erank": dict(per_head=True, unit="dims", doc="effective rank of the token-level "
+                        "pre-softmax logit matrix q k^T / sqrt(d_head) (causal mask applied as "
+                        "zeros), mean over probe sequences; layer: mean over heads"),
+    "entropy": dict(per_head=True, unit="nats", doc="attention entropy -sum p log p over "
+                    "visible keys, mean over query rows with >= 2 visible keys; layer: mean "
+                    "over heads"),
+    "entropy_norm": dict(per_head=True, unit="ratio", doc="entropy / log(k visible), mean over "
+                         "rows with >= 2 visible keys; 1 = uniform"),
+    "wk_target_pr": dict(per_head=False, unit="dims", doc="intervention target for W_K's "
+                         "weight PR at this step (arms hold and shrink only)"),
+}
+
+
+@dataclass
+class ProbeRecord:
+    """One probe of one trial. ``metrics`` rows are ``(layer, head | None, name, value)``."""
+
+    step: int  # optimizer steps completed when probed (0 = at init)
+    progress: float  # step / max_steps, the study's "training progress" in [0, 1]
+    tokens: int  # training tokens seen so far
+    train_loss: float  # mean training loss (nats/char) since the previous probe; NaN at 0
+    val_loss: float  # validation loss (nats/char) at this step
+    lr: float  # learning rate at this step
+    tokens_per_s: float  # training throughput since the previous probe (0 at step 0)
+    metrics: list[tuple[int, int | None, str, float]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["metrics"] = [list(m) for m in self.metrics]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ProbeRecord:
+        d = dict(d)
+        d["metrics"] = [(int(a), None if b is None else int(b), str(c), float(v))
+                        for a, b, c, v in d["metrics"]]
+        return cls(**d)
+
+
+@dataclass
+class StepRecord:
+    """Training scalars at one step (written at every validation point)."""
+
+    step: int
+    train_loss: float
+    val_loss: float
+    lr: float
+    tokens_per_s: float
+
+
+@dataclass
+class TrialResult:
+    """What ``train`` returns once a trial finishes."""
+
+    steps: int
+    final_val_loss: float
+    test_loss: float  # nats/char on the evaluation split
+    unigram_entropy: float  # nats/char of the evaluation split's character distribution
+    wall_s: float
+    tokens_per_s: float
+    device: str
+    data_note: str  # e.g. "trained on wiki.valid.raw, evaluated on wiki.test.raw"
+    n_params: int
+    extra: dict[str, Any] = field(default_factory=dict)
