@@ -62,6 +62,7 @@ class TrialConfig:
     probe_every: int = 250  # probe geometry every N steps (and at step 0 and the end)
     probe_batch: int = 8  # sequences in the fixed held-out probe batch
     eval_every: int = 250  # validation loss every N steps
+    log_every: int = 10  # training scalars (loss, lr, tokens/s) every N steps
     eval_batches: int = 8  # batches averaged for the validation loss
     test_batches: int = 32  # batches for the final test loss
     checkpoint_every: int = 0  # checkpoint every N steps (0: at every probe)
@@ -108,6 +109,7 @@ class TrialConfig:
         need(self.warmup_steps >= 0, "warmup_steps", "must be non-negative")
         need(self.probe_every > 0, "probe_every", "must be positive")
         need(self.eval_every > 0, "eval_every", "must be positive")
+        need(self.log_every > 0, "log_every", "must be positive")
         need(self.eval_batches > 0, "eval_batches", "must be positive")
         need(self.checkpoint_every >= 0, "checkpoint_every", "must be >= 0")
         need(0 < self.act_momentum < 1, "act_momentum", "must be in (0, 1)")

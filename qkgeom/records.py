@@ -40,6 +40,17 @@ METRICS: dict[str, dict[str, Any]] = {
 
 
 @dataclass
+class StepRecord:
+    """Training scalars at one step. ``val_loss`` is NaN except at validation points."""
+
+    step: int
+    train_loss: float  # mean training loss over the steps since the previous StepRecord
+    val_loss: float
+    lr: float
+    tokens_per_s: float
+
+
+@dataclass
 class ProbeRecord:
     """One probe of one trial. ``metrics`` rows are ``(layer, head | None, name, value)``."""
 
@@ -51,6 +62,8 @@ class ProbeRecord:
     lr: float  # learning rate at this step
     tokens_per_s: float  # training throughput since the previous probe (0 at step 0)
     metrics: list[tuple[int, int | None, str, float]] = field(default_factory=list)
+    # training scalars logged since the previous probe (every cfg.log_every steps)
+    history: list[StepRecord] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -62,18 +75,8 @@ class ProbeRecord:
         d = dict(d)
         d["metrics"] = [(int(a), None if b is None else int(b), str(c), float(v))
                         for a, b, c, v in d["metrics"]]
+        d["history"] = [StepRecord(**h) for h in d.get("history", [])]
         return cls(**d)
-
-
-@dataclass
-class StepRecord:
-    """Training scalars at one step (written at every validation point)."""
-
-    step: int
-    train_loss: float
-    val_loss: float
-    lr: float
-    tokens_per_s: float
 
 
 @dataclass
