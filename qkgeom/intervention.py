@@ -1,0 +1,228 @@
+"""Training-time control of the key spectrum: the arms ``none``, ``hold`` and ``shrink``.
+
+Two sites (``cfg.site``):
+
+* ``weight`` (PAPER.md's intervention): after every optimizer step, under ``no_grad``,
+  take the SVD of each layer's W_K, keep the singular vectors, and replace the singular
+  values ``s`` by ``c * s**p`` with ``c`` preserving the Frobenius norm and ``p`` found by
+  bisection so that the weight-spectrum PR (of ``s**2``) hits the target.
+* ``activation``: the same power map applied to the *eigenvalues of the key covariance*,
+  in the forward pass: ``k <- mu + (k - mu) A`` with ``A = V diag(c * lam**((p-1)/2)) V^T``
+  from a running (EMA) covariance of each layer's keys, refreshed after every step. This
+  exists because holding W_K's spectrum does not stop the collapse of activation PR_K.
+
+Targets (``cfg.target_mode``), with ``g(t)`` the schedule going from 1 to ``cfg.shrink_to``:
+
+* ``init_fraction``: ``g(t) * PR_0`` (PR_0 = the layer's PR at step 0),
+* ``baseline_fraction``: ``g(t) * PR_baseline(step)`` from ``cfg.baseline_pr`` (the paired
+  baseline run of the same seed, interpolated in step),
+* ``absolute``: moves from ``PR_0`` to the absolute value ``cfg.shrink_to``.
+
+``hold`` always targets ``PR_0``. A target outside what a power map can reach (between 1 and
+the matrix's rank) is clipped to the reachable range.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from qkgeom.config import TrialConfig
+from qkgeom.metrics import weight_pr
+from qkgeom.model import GPT
+
+
+# ---------------------------------------------------------------------- spectral maths
+def _pr_of_power(w: Tensor, p: Tensor) -> Tensor:
+    """PR of ``w**p`` row-wise; ``w [L, n]`` in (0, 1], zeros stay zero; ``p [L]``."""
+    wp = torch.where(w > 0, w.clamp_min(1e-300) ** p[:, None], torch.zeros_like(w))
+    return wp.sum(-1) ** 2 / (wp * wp).sum(-1)
+
+
+def solve_power(weights: Tensor, target: Tensor, iters: int = 60) -> Tensor:
+    """Exponent ``p >= 0`` per row such that PR(weights**p) = target (bisection).
+
+    ``weights [L, n]`` non-negative (a spectrum: ``s**2`` for a weight matrix, eigenvalues
+    for a covariance); ``target [L]``. PR(w**p) decreases from the count of non-zero
+    entries at p = 0 towards the multiplicity of the largest entry as p grows. Targets
+    beyond that range give the end of the range.
+    """
+    w = weights / weights.amax(-1, keepdim=True).clamp_min(1e-300)
+    lo = torch.zeros_like(target)
+    hi = torch.full_like(target, 64.0)
+    for _ in range(iters):
+        mid = (lo + hi) / 2
+        too_spread = _pr_of_power(w, mid) > target  # PR too high -> need larger p
+        lo = torch.where(too_spread, mid, lo)
+        hi = torch.where(too_spread, hi, mid)
+    return (lo + hi) / 2
+
+
+def reshape_singular_values(s: Tensor, target_pr: Tensor) -> Tensor:
+    """New singular values ``c * s**p`` with PR(s_new**2) = target and ||s_new|| = ||s||.
+
+    ``s [L, n]``, ``target_pr [L]``. Batched over layers.
+    """
+    s = s.double()
+    p = solve_power(s * s, target_pr.double())  # PR is defined on s**2
+    sn = s / s.amax(-1, keepdim=True).clamp_min(1e-300)
+    sp = torch.where(sn > 0, sn.clamp_min(1e-300) ** p[:, None], torch.zeros_like(sn))
+    scale = s.norm(dim=-1, keepdim=True) / sp.norm(dim=-1, keepdim=True).clamp_min(1e-300)
+    return sp * scale
+
+
+# ---------------------------------------------------------------------- schedule
+def schedule_progress(cfg: TrialConfig, step: int) -> float:
+    """u(t) in [0, 1]: how far the schedule has moved (``constant`` is at 1 from the start)."""
+    if cfg.shrink_schedule == "constant":
+        return 1.0
+    u = (step / cfg.max_steps - cfg.shrink_start) / (1 - cfg.shrink_start)
+    u = min(max(u, 0.0), 1.0)
+    if cfg.shrink_schedule == "cosine":
+        return (1 - math.cos(math.pi * u)) / 2
+    if cfg.shrink_schedule == "exp":  # geometric in the factor: g = f**u
+        f = cfg.shrink_to
+        return u if f == 1 else (1 - f**u) / (1 - f)
+    return u  # linear
+
+
+def schedule_factor(cfg: TrialConfig, step: int) -> float:
+    """g(t): 1 at the start of the schedule, ``cfg.shrink_to`` at its end."""
+    return 1 + (cfg.shrink_to - 1) * schedule_progress(cfg, step)
+
+
+def baseline_at(baseline_pr: list, step: int, n_layer: int) -> list[float]:
+    """Interpolate ``[[step, [pr per layer]], ...]`` at ``step`` (clamped at the ends)."""
+    steps = np.array([float(s) for s, _ in baseline_pr])
+    vals = np.array([list(v) for _, v in baseline_pr], dtype=float)  # (n_points, n_layer)
+    if vals.shape[1] != n_layer:
+        raise ValueError(f"baseline_pr has {vals.shape[1]} layers, the model {n_layer}")
+    order = np.argsort(steps)
+    return [float(np.interp(step, steps[order], vals[order, j])) for j in range(n_layer)]
+
+
+# ---------------------------------------------------------------------- the arms
+class KeySpectrumControl:
+    """Applies an arm to a model. ``after_step`` runs after each optimizer step."""
+
+    def __init__(self, cfg: TrialConfig, model: GPT) -> None:
+        self.cfg, self.model = cfg, model
+        self.active = cfg.arm != "none"
+        self.pr0: list[float] | None = None  # the layers' PR at step 0
+        self.last_target: list[float] | None = None
+        self.shapers: list[_KeyShaper] = []
+        if self.active and cfg.site == "weight":
+            self.pr0 = [weight_pr(a.k_proj.weight) for a in model.attn_layers()]
+        if self.active and cfg.site == "activation":
+            self.shapers = [_KeyShaper(a.hook_k, cfg) for a in model.attn_layers()]
+
+    def target(self, step: int, pr0: list[float]) -> list[float]:
+        cfg = self.cfg
+        if cfg.arm == "hold":
+            return list(pr0)
+        if cfg.target_mode == "init_fraction":
+            g = schedule_factor(cfg, step)
+            return [g * p for p in pr0]
+        if cfg.target_mode == "baseline_fraction":
+            g = schedule_factor(cfg, step)
+            return [g * p for p in baseline_at(cfg.baseline_pr, step, cfg.n_layer)]
+        u = schedule_progress(cfg, step)  # absolute: from PR_0 to shrink_to
+        return [p + (cfg.shrink_to - p) * u for p in pr0]
+
+    @torch.no_grad()
+    def after_step(self, step: int) -> None:
+        if not self.active:
+            return
+        if self.cfg.site == "activation":
+            for sh in self.shapers:
+                sh.refresh(self, step)
+            return
+        assert self.pr0 is not None
+        tgt = self.target(step, self.pr0)
+        self.last_target = tgt
+        ws = [a.k_proj.weight for a in self.model.attn_layers()]
+        w = torch.stack([x.detach() for x in ws])  # (L, C, C)
+        dtype = torch.float64 if w.device.type == "cpu" else torch.float32
+        u, s, vh = torch.linalg.svd(w.to(dtype), full_matrices=False)
+        s_new = reshape_singular_values(s, torch.tensor(tgt, device=w.device)).to(dtype)
+        w_new = u @ torch.diag_embed(s_new) @ vh  # same singular vectors, new values
+        for x, xn in zip(ws, w_new):
+            x.copy_(xn.to(x.dtype))
+
+    def targets_now(self) -> list[float] | None:
+        """The most recent per-layer target (None before the first step or for ``none``)."""
+        if self.cfg.site == "activation":
+            t = [sh.target for sh in self.shapers]
+            return None if any(v is None for v in t) else t
+        return self.last_target
+
+    def state_dict(self) -> dict:
+        return {
+            "pr0": self.pr0,
+            "last_target": self.last_target,
+            "shapers": [sh.state_dict() for sh in self.shapers],
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.pr0, self.last_target = state["pr0"], state["last_target"]
+        for sh, st in zip(self.shapers, state["shapers"]):
+            sh.load_state_dict(st)
+
+
+class _KeyShaper:
+    """Forward hook on ``hook_k`` that maps the key covariance spectrum lam -> c * lam**p."""
+
+    def __init__(self, hook_point: torch.nn.Module, cfg: TrialConfig) -> None:
+        self.cfg = cfg
+        self.mean: Tensor | None = None  # (C,) running mean of k (heads concatenated)
+        self.cov: Tensor | None = None  # (C, C) running covariance, float64
+        self.a: Tensor | None = None  # (C, C) current linear map on centred keys
+        self.pr0: float | None = None
+        self.target: float | None = None
+        hook_point.register_forward_hook(self._hook)
+
+    def _hook(self, module: torch.nn.Module, inputs: tuple, k: Tensor) -> Tensor:
+        b, nh, t, hs = k.shape
+        flat = k.transpose(1, 2).reshape(b * t, nh * hs)  # (B*T, C)
+        if module.training:  # statistics from training batches only
+            with torch.no_grad():
+                x = flat.detach().double()
+                mu = x.mean(0)
+                c = torch.cov(x.T)
+                m = self.cfg.act_momentum
+                if self.cov is None:
+                    self.mean, self.cov = mu, c
+                else:
+                    self.mean = m * self.mean + (1 - m) * mu
+                    self.cov = m * self.cov + (1 - m) * c
+        if self.a is None:
+            return k
+        mu = self.mean.to(flat.dtype)
+        out = (flat - mu) @ self.a.to(flat.dtype) + mu  # (B*T, C)
+        return out.view(b, t, nh, hs).transpose(1, 2)
+
+    @torch.no_grad()
+    def refresh(self, control: KeySpectrumControl, step: int) -> None:
+        if self.cov is None:
+            return
+        lam, v = torch.linalg.eigh(self.cov)
+        lam = lam.clamp_min(0)
+        if self.pr0 is None:
+            self.pr0 = float(lam.sum() ** 2 / (lam * lam).sum())
+        self.target = control.target(step, [self.pr0])[0]
+        p = solve_power(lam[None], torch.tensor([self.target], dtype=lam.dtype))[0]
+        ln = lam / lam.max().clamp_min(1e-300)
+        lp = torch.where(ln > 0, ln.clamp_min(1e-300) ** p, torch.zeros_like(ln))
+        lp = lp * lam.sum() / lp.sum().clamp_min(1e-300)  # keep total variance
+        gain = torch.sqrt(lp / lam.clamp_min(1e-30)) * (lam > 0)
+        self.a = (v * gain) @ v.T
+
+    def state_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ("mean", "cov", "a", "pr0", "target")}
+
+    def load_state_dict(self, st: dict) -> None:
+        for k, val in st.items():
+            setattr(self, k, val)

@@ -1,0 +1,490 @@
+"""The study's statistics: pure numpy/scipy functions over plain arrays.
+
+Nothing here touches the database, polars, plotting or the CLI. Every function that draws
+random numbers takes an explicit ``rng: numpy.random.Generator``; the same generator state
+gives the same result, bit for bit. Results are small dataclasses with ``to_dict()`` whose
+values are plain Python floats/ints/lists (JSON-ready; NaN stays NaN).
+
+Conventions
+-----------
+* Non-finite inputs (NaN, inf) are dropped before any test and counted in the result
+  (``n_dropped``); a metric that failed to compute must not count as evidence.
+* One-sided tests are one-sided in the *predicted* direction; the p-value is the exact
+  binomial tail ``P(X >= k)`` with ``X ~ Binomial(n, 1/2)``, computed with exact integer
+  arithmetic (equals ``scipy.stats.binomtest(k, n, 0.5, alternative='greater')``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+# The paper asks for B >= 10,000 bootstrap resamples for directional confidence.
+MIN_BOOT_DIRECTIONAL = 10_000
+
+
+def _plain(v: Any) -> Any:
+    """Turn numpy scalars/arrays (possibly nested in lists/dicts) into Python values."""
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, np.ndarray):
+        return [_plain(x) for x in v.tolist()]
+    if isinstance(v, np.integer):
+        return int(v)
+    if isinstance(v, (np.floating, float)):
+        return float(v)
+    if isinstance(v, np.bool_):
+        return bool(v)
+    return v
+
+
+class _ToDict:
+    def to_dict(self) -> dict[str, Any]:
+        return _plain(asdict(self))  # type: ignore[call-overload]
+
+
+def _finite(x: Any) -> tuple[np.ndarray, int]:
+    a = np.asarray(x, dtype=float).ravel()
+    keep = np.isfinite(a)
+    return a[keep], int(a.size - keep.sum())
+
+
+def binom_tail_half(k: int, n: int) -> float:
+    """Exact ``P(X >= k)`` for ``X ~ Binomial(n, 1/2)``; 1.0 when ``k <= 0``, 0.0 if ``k > n``."""
+    if k <= 0:
+        return 1.0
+    if k > n:
+        return 0.0
+    tail = sum(math.comb(n, i) for i in range(k, n + 1))
+    return float(Fraction(tail, 2**n))
+
+
+# --------------------------------------------------------------------------- sign test
+
+
+@dataclass
+class SignTestResult(_ToDict):
+    """One-sided exact sign test. ``p_value = P(X >= n_positive)``, ``X ~ Bin(n, 1/2)``.
+
+    ``n`` counts the non-zero finite differences only: exact zeros are ties and are
+    excluded (the classical convention), non-finite values are dropped; both are counted.
+    ``n_positive`` counts differences with the predicted sign (``> 0`` when
+    ``predicted_sign=+1``, ``< 0`` when ``-1``).
+    """
+
+    n: int
+    n_positive: int
+    n_negative: int
+    n_zero: int
+    n_dropped: int
+    p_value: float
+    predicted_sign: int = 1
+
+
+def sign_test(diffs: Sequence[float] | np.ndarray, *, predicted_sign: int = 1) -> SignTestResult:
+    """Exact one-sided sign test that the differences tend to have ``predicted_sign``.
+
+    With every one of n differences in the predicted direction, p = 2^-n (5 seeds: 1/32).
+    An empty input gives ``n = 0`` and ``p_value = 1.0`` (no evidence).
+    """
+    if predicted_sign not in (1, -1):
+        raise ValueError(f"predicted_sign must be +1 or -1, got {predicted_sign!r}")
+    d, dropped = _finite(diffs)
+    d = d * predicted_sign
+    pos = int((d > 0).sum())
+    neg = int((d < 0).sum())
+    zero = int((d == 0).sum())
+    n = pos + neg
+    return SignTestResult(n=n, n_positive=pos, n_negative=neg, n_zero=zero, n_dropped=dropped,
+                          p_value=binom_tail_half(pos, n), predicted_sign=predicted_sign)
+
+
+# --------------------------------------------------------------------------- slopes
+
+
+@dataclass
+class SlopesResult(_ToDict):
+    """Least-squares slopes, one per trajectory, and their distribution.
+
+    ``slopes[i]`` is in value units per unit of ``progress`` (progress = step / max_steps,
+    so the slope is the change over a whole run). A trajectory with fewer than two
+    distinct finite progress values has slope NaN and is left out of the summary
+    (``n_undefined``).
+    """
+
+    slopes: list[float]
+    intercepts: list[float]
+    n: int
+    n_undefined: int
+    mean: float
+    median: float
+    sd: float  # sample standard deviation (ddof=1); NaN with fewer than 2 slopes
+    share_positive: float
+    n_positive: int
+
+
+def ols_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Slope and intercept of the least-squares line ``y ~ a + b x`` (finite pairs only)."""
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(y, dtype=float)
+    keep = np.isfinite(x) & np.isfinite(y)
+    x, y = x[keep], y[keep]
+    if x.size < 2 or np.ptp(x) == 0:
+        return math.nan, math.nan
+    xm, ym = x.mean(), y.mean()
+    b = float(((x - xm) * (y - ym)).sum() / ((x - xm) ** 2).sum())
+    return b, float(ym - b * xm)
+
+
+def slopes(progress: Sequence[Any], values: Sequence[Any]) -> SlopesResult:
+    """Slope of ``values`` against ``progress`` for each trajectory, plus a summary.
+
+    ``progress`` and ``values`` are sequences of equal-length 1-D arrays (ragged allowed:
+    trajectory i is ``(progress[i], values[i])``), or two 2-D arrays ``(n_traj, n_points)``.
+    """
+    if len(progress) != len(values):
+        raise ValueError(f"{len(progress)} progress arrays but {len(values)} value arrays")
+    bs, a_s = [], []
+    for p, v in zip(progress, values):
+        p = np.asarray(p, dtype=float).ravel()
+        v = np.asarray(v, dtype=float).ravel()
+        if p.shape != v.shape:
+            raise ValueError(f"progress has {p.size} points but values has {v.size}")
+        b, a = ols_line(p, v)
+        bs.append(b)
+        a_s.append(a)
+    arr = np.asarray(bs, dtype=float)
+    ok = arr[np.isfinite(arr)]
+    n = int(ok.size)
+    return SlopesResult(
+        slopes=bs, intercepts=a_s, n=n, n_undefined=int(arr.size - n),
+        mean=float(ok.mean()) if n else math.nan,
+        median=float(np.median(ok)) if n else math.nan,
+        sd=float(ok.std(ddof=1)) if n > 1 else math.nan,
+        share_positive=float((ok > 0).mean()) if n else math.nan,
+        n_positive=int((ok > 0).sum()),
+    )
+
+
+# --------------------------------------------------------------------------- bootstrap
+
+
+def bootstrap_means(x: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """Means of ``n_boot`` resamples (with replacement) of the 1-D sample ``x``.
+
+    Draws ``rng.integers(0, n, (n_boot, n))`` in one call, exactly like
+    ``scipy.stats.bootstrap`` with ``batch=None``, so the same generator state gives the
+    same bootstrap distribution as scipy.
+    """
+    x = np.asarray(x, dtype=float)
+    idx = rng.integers(0, x.size, (n_boot, x.size))
+    return x[idx].mean(axis=-1)
+
+
+def bca_interval(x: np.ndarray, boot: np.ndarray, *, ci: float = 0.95,
+                 statistic: Any = np.mean) -> tuple[float, float, float, float]:
+    """Bias-corrected and accelerated (BCa) bootstrap interval (Efron & Tibshirani 14.3).
+
+    ``boot`` is the bootstrap distribution of ``statistic`` over resamples of ``x``.
+    Bias correction ``z0 = Phi^-1(share of boot < theta, ties counting half)``;
+    acceleration from the jackknife: ``a = sum(U^3) / (6 (sum U^2)^1.5)`` with
+    ``U_i = (n-1)(mean(theta_(.)) - theta_(i))``. The interval is the boot quantiles at
+    ``Phi(z0 + (z0 + z)/(1 - a (z0 + z)))`` for ``z = Phi^-1(alpha/2), Phi^-1(1-alpha/2)``.
+    Returns ``(low, high, z0, a)``. A degenerate distribution (all equal) gives
+    ``(theta, theta, nan, nan)``.
+    """
+    from scipy.special import ndtr, ndtri
+
+    x = np.asarray(x, dtype=float)
+    boot = np.asarray(boot, dtype=float)
+    theta = float(statistic(x))
+    if np.ptp(boot) == 0:
+        return theta, theta, math.nan, math.nan
+    share = ((boot < theta).sum() + (boot <= theta).sum()) / (2 * boot.size)
+    z0 = float(ndtri(share))
+    n = x.size
+    jack = np.array([statistic(np.delete(x, i)) for i in range(n)])
+    u = (n - 1) * (jack.mean() - jack)
+    den = (u**2).sum() / n**2
+    a = float(1 / 6 * ((u**3).sum() / n**3) / den**1.5) if den > 0 else 0.0
+    alpha = (1 - ci) / 2
+    qs = []
+    for z in (float(ndtri(alpha)), -float(ndtri(alpha))):
+        num = z0 + z
+        qs.append(float(ndtr(z0 + num / (1 - a * num))))
+    if not all(np.isfinite(qs)):
+        return math.nan, math.nan, z0, a
+    low, high = np.quantile(boot, qs)
+    return float(low), float(high), z0, a
+
+
+@dataclass
+class DirectionalResult(_ToDict):
+    """Bootstrap directional confidence of a paired effect (one delta per seed).
+
+    ``ci_low``/``ci_high`` are the BCa interval; ``pct_low``/``pct_high`` the percentile
+    interval, both at level ``ci`` over the same ``n_boot`` bootstrap means.
+    ``directional_confidence`` is the share of bootstrap means whose sign is
+    ``predicted_sign`` (strictly; a zero mean counts for neither sign).
+    """
+
+    n_seeds: int
+    n_dropped: int
+    deltas: list[float]
+    mean_delta: float
+    sd_delta: float
+    predicted_sign: int
+    n_boot: int
+    ci: float
+    ci_low: float
+    ci_high: float
+    pct_low: float
+    pct_high: float
+    bca_z0: float
+    bca_accel: float
+    boot_se: float
+    directional_confidence: float
+    sign_test_p: float
+    n_agree: int  # seeds whose delta has the predicted sign
+    boot_means: list[float] = field(default_factory=list, repr=False)
+
+    def to_dict(self, *, with_boot: bool = False) -> dict[str, Any]:
+        d = super().to_dict()
+        if not with_boot:
+            d.pop("boot_means")
+        return d
+
+
+def directional_confidence(delta: Sequence[float] | np.ndarray, *, predicted_sign: int,
+                           rng: np.random.Generator, n_boot: int = MIN_BOOT_DIRECTIONAL,
+                           ci: float = 0.95) -> DirectionalResult:
+    """Bootstrap the mean of per-seed paired differences and ask how often its sign agrees.
+
+    ``delta`` holds one paired difference per seed (arm minus baseline). Needs at least
+    two finite deltas and ``n_boot >= 10000`` (the paper's B). The sign-test p is the exact
+    one-sided paired sign test in the predicted direction; with 5 seeds it cannot go below
+    1/32, which is why the bootstrap figure is reported beside it.
+    """
+    if predicted_sign not in (1, -1):
+        raise ValueError(f"predicted_sign must be +1 or -1, got {predicted_sign!r}")
+    if n_boot < MIN_BOOT_DIRECTIONAL:
+        raise ValueError(f"n_boot must be >= {MIN_BOOT_DIRECTIONAL} (got {n_boot})")
+    if not 0 < ci < 1:
+        raise ValueError(f"ci must be in (0, 1), got {ci}")
+    d, dropped = _finite(delta)
+    if d.size < 2:
+        raise ValueError(f"need at least 2 finite paired differences, got {d.size}")
+    boot = bootstrap_means(d, n_boot, rng)
+    alpha = (1 - ci) / 2
+    pl, ph = np.quantile(boot, [alpha, 1 - alpha])
+    bl, bh, z0, a = bca_interval(d, boot, ci=ci)
+    st = sign_test(d, predicted_sign=predicted_sign)
+    return DirectionalResult(
+        n_seeds=int(d.size), n_dropped=dropped, deltas=d.tolist(), mean_delta=float(d.mean()),
+        sd_delta=float(d.std(ddof=1)), predicted_sign=predicted_sign, n_boot=n_boot, ci=ci,
+        ci_low=bl, ci_high=bh, pct_low=float(pl), pct_high=float(ph), bca_z0=z0,
+        bca_accel=a, boot_se=float(boot.std(ddof=1)),
+        directional_confidence=float((np.sign(boot) == predicted_sign).mean()),
+        sign_test_p=st.p_value, n_agree=st.n_positive, boot_means=boot.tolist(),
+    )
+
+
+# --------------------------------------------------------------------------- Spearman
+
+
+def _avg_ranks(a: np.ndarray) -> np.ndarray:
+    from scipy.stats import rankdata
+
+    return rankdata(a)
+
+
+def _pearson(a: np.ndarray, b: np.ndarray) -> float:
+    a = a - a.mean()
+    b = b - b.mean()
+    den = math.sqrt(float((a * a).sum()) * float((b * b).sum()))
+    return float((a * b).sum() / den) if den > 0 else math.nan
+
+
+def spearman(x: Any, y: Any) -> float:
+    """Spearman's rho: Pearson correlation of average ranks (ties get the mean rank).
+
+    NaN when either variable is constant. Inputs must be finite and of equal length.
+    """
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(y, dtype=float)
+    return _pearson(_avg_ranks(x), _avg_ranks(y))
+
+
+class _WeightedRanks:
+    """Centred, doubled average ranks of a variable within a bootstrap resample.
+
+    A resample is given by ``w``, how many times each original point was drawn. The
+    average rank of a value in the resample is (drawn values below it) + (drawn copies of
+    it + 1) / 2, so cumulative draw counts over the sorted unique values give exactly
+    ``rankdata`` of the resample in O(n), without sorting per resample. Ranks are doubled
+    (integers, exact in int64) and centred by their known mean ``(n + 1) / 2``; Pearson
+    correlation is unchanged by both.
+    """
+
+    def __init__(self, v: np.ndarray):
+        n = v.size
+        order = np.argsort(v, kind="stable")
+        vs = v[order]
+        is_start = np.ones(n, dtype=bool)
+        is_start[1:] = vs[1:] != vs[:-1]
+        self.starts = np.flatnonzero(is_start)
+        self.ties = self.starts.size < n
+        self.identity = bool(np.all(order == np.arange(n)))
+        self.order = order
+        inv = np.empty(n, dtype=np.intp)
+        inv[order] = np.cumsum(is_start) - 1  # point -> index of its unique value
+        self.inv = inv
+
+    def __call__(self, w: np.ndarray, n: int) -> np.ndarray:
+        c = w if self.identity else w[self.order]
+        if self.ties:
+            c = np.add.reduceat(c, self.starts)
+        r2 = 2 * np.cumsum(c) - c - n  # 2 * (avg rank - (n + 1) / 2)
+        if self.identity and not self.ties:
+            return r2.astype(float)
+        return r2[self.inv].astype(float)
+
+
+def _resample_spearman(w: np.ndarray, rx: _WeightedRanks, ry: _WeightedRanks) -> float:
+    """Spearman rho of the resample in which point i appears ``w[i]`` times (int64)."""
+    n = int(w.sum())
+    a = rx(w, n)
+    b = ry(w, n)
+    wf = w.astype(float)
+    wa = wf * a
+    den = math.sqrt(float(wa @ a) * float((wf * b) @ b))
+    return float(wa @ b) / den if den > 0 else math.nan
+
+
+@dataclass
+class SpearmanResult(_ToDict):
+    """Spearman's rho with a bootstrap percentile CI from resampling (x, y) pairs.
+
+    The CI treats pairs as independent; points from one run are not, so read it as a
+    lower bound on the uncertainty. ``n_boot_undefined`` counts resamples in which one
+    variable was constant (rho undefined); they are left out of the quantiles.
+    """
+
+    n: int
+    n_dropped: int
+    rho: float
+    ci_low: float
+    ci_high: float
+    ci: float
+    n_boot: int
+    n_boot_undefined: int = 0
+
+
+def spearman_ci(x: Any, y: Any, *, n_boot: int = 1000, rng: np.random.Generator,
+                ci: float = 0.95) -> SpearmanResult:
+    """Spearman's rho of finite (x, y) pairs and a bootstrap percentile CI over pairs.
+
+    Pairs where either value is non-finite are dropped first. Fewer than 3 pairs give
+    NaN throughout. Each resample draws ``rng.integers(0, n, n)``.
+    """
+    x = np.asarray(x, dtype=float).ravel()
+    y = np.asarray(y, dtype=float).ravel()
+    if x.shape != y.shape:
+        raise ValueError(f"x has {x.size} values but y has {y.size}")
+    keep = np.isfinite(x) & np.isfinite(y)
+    x, y = x[keep], y[keep]
+    n = int(x.size)
+    dropped = int(keep.size - n)
+    if n < 3:
+        return SpearmanResult(n=n, n_dropped=dropped, rho=math.nan, ci_low=math.nan,
+                              ci_high=math.nan, ci=ci, n_boot=n_boot)
+    rho = spearman(x, y)
+    # Sort pairs by x so x's rank lookups run sequentially in memory (speed only).
+    order = np.argsort(x, kind="stable")
+    rx, ry = _WeightedRanks(x[order]), _WeightedRanks(y[order])
+    pos = np.empty(n, dtype=np.intp)
+    pos[order] = np.arange(n)
+    rhos = np.empty(n_boot)
+    for b in range(n_boot):
+        idx = rng.integers(0, n, n)
+        w = np.bincount(pos[idx], minlength=n)
+        rhos[b] = _resample_spearman(w, rx, ry)
+    ok = rhos[np.isfinite(rhos)]
+    alpha = (1 - ci) / 2
+    lo, hi = np.quantile(ok, [alpha, 1 - alpha]) if ok.size else (math.nan, math.nan)
+    return SpearmanResult(n=n, n_dropped=dropped, rho=rho, ci_low=float(lo), ci_high=float(hi),
+                          ci=ci, n_boot=n_boot, n_boot_undefined=int(n_boot - ok.size))
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+@dataclass
+class TrendResult(_ToDict):
+    """Trend of one value (e.g. PR_Q - PR_K) over a model's training checkpoints.
+
+    * ``rho``: Spearman of value vs step over all checkpoints.
+    * ``peak_step``: step of the largest value (first one on ties); ``peak_index`` its
+      position among the checkpoints sorted by step.
+    * ``rho_early``: Spearman over checkpoints from the first up to and including the
+      peak; ``rho_late``: over the peak and every later checkpoint. Each needs at least
+      3 checkpoints, else NaN.
+    * ``rises_then_decays`` ("monotonic early, decaying later") is True exactly when
+      ``rho_early > 0`` and ``rho_late < 0``: the peak is strictly inside the run, with at
+      least 2 checkpoints before it and 2 after it. ``monotonic_early`` is
+      ``rho_early == 1`` (a strictly increasing run up to the peak).
+    """
+
+    n_checkpoints: int
+    steps: list[int]
+    values: list[float]
+    rho: float
+    peak_step: int | None
+    peak_index: int | None
+    peak_value: float
+    rho_early: float
+    rho_late: float
+    n_early: int
+    n_late: int
+    rises_then_decays: bool
+    monotonic_early: bool
+
+
+def checkpoint_trend(steps: Any, values: Any) -> TrendResult:
+    """Spearman trend of ``values`` against checkpoint ``steps``, split at the peak.
+
+    Checkpoints with a non-finite value are dropped; duplicate steps are an error (average
+    them first).
+    """
+    s = np.asarray(steps, dtype=float).ravel()
+    v = np.asarray(values, dtype=float).ravel()
+    if s.shape != v.shape:
+        raise ValueError(f"{s.size} steps but {v.size} values")
+    keep = np.isfinite(s) & np.isfinite(v)
+    s, v = s[keep], v[keep]
+    order = np.argsort(s, kind="stable")
+    s, v = s[order], v[order]
+    if np.any(np.diff(s) == 0):
+        raise ValueError("duplicate checkpoint steps; average values per step first")
+    n = int(s.size)
+    if n == 0:
+        return TrendResult(0, [], [], math.nan, None, None, math.nan, math.nan, math.nan,
+                           0, 0, False, False)
+    k = int(np.argmax(v))
+    rho = spearman(s, v) if n >= 3 else math.nan
+    early = spearman(s[: k + 1], v[: k + 1]) if k + 1 >= 3 else math.nan
+    late = spearman(s[k:], v[k:]) if n - k >= 3 else math.nan
+    return TrendResult(
+        n_checkpoints=n, steps=[int(x) for x in s], values=v.tolist(), rho=rho,
+        peak_step=int(s[k]), peak_index=k, peak_value=float(v[k]), rho_early=early,
+        rho_late=late, n_early=k + 1, n_late=n - k,
+        rises_then_decays=bool(early > 0 and late < 0),
+        monotonic_early=bool(early == 1.0),
+    )

@@ -1,0 +1,292 @@
+"""One trial: train a char-level GPT and probe its geometry as it trains. No Ray here.
+
+``train(cfg, report)`` calls ``report(record, checkpoint)`` at step 0, every
+``cfg.probe_every`` steps and at the last step, where ``record`` is a
+:class:`~qkgeom.records.ProbeRecord` and ``checkpoint`` the directory of a checkpoint
+written at that step (or ``None``). A checkpoint holds the model, optimizer, data-sampler,
+rng and intervention state, so ``train(cfg, report, resume_from=dir)`` continues with
+exactly the numbers an uninterrupted run would produce.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from qkgeom.config import TrialConfig
+from qkgeom.data import Corpus, Sampler, fixed_starts, load_corpus, unigram_entropy, windows
+from qkgeom.intervention import KeySpectrumControl
+from qkgeom.model import GPT
+from qkgeom.probe import probe_model
+from qkgeom.records import ProbeRecord, StepRecord, TrialResult
+
+Report = Callable[[ProbeRecord, "str | None"], None]
+Progress = Callable[[int, dict[str, Any]], None]
+
+# Seeds of the fixed held-out batches: shared by every trial so probes compare like with like.
+PROBE_SEED, VAL_SEED, TEST_SEED = 2024, 12345, 4242
+STATE_FILE = "state.pt"
+
+
+class InjectedFailure(RuntimeError):
+    """Raised by ``cfg.fail_at_step`` (test-only) to exercise retries and resumes."""
+
+
+def pick_device(cfg: TrialConfig) -> torch.device:
+    if cfg.device != "auto":
+        return torch.device(cfg.device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def lr_at(cfg: TrialConfig, step: int) -> float:
+    """Linear warm-up to ``cfg.lr``, then cosine decay to ``cfg.min_lr`` at ``max_steps``."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / (cfg.warmup_steps + 1)
+    span = max(cfg.max_steps - cfg.warmup_steps, 1)
+    u = min((step - cfg.warmup_steps) / span, 1.0)
+    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * u))
+
+
+def make_optimizer(cfg: TrialConfig, model: GPT) -> torch.optim.AdamW:
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+
+
+@torch.no_grad()
+def mean_loss(model: GPT, data: np.ndarray, starts: np.ndarray, cfg: TrialConfig,
+              device: torch.device, amp: contextlib.AbstractContextManager) -> float:
+    """Mean next-character loss (nats/char) over the windows at ``starts``."""
+    was = model.training
+    model.eval()
+    total, n = 0.0, 0
+    for i in range(0, len(starts), cfg.batch_size):
+        x, y = windows(data, starts[i : i + cfg.batch_size], cfg.block_size, device)
+        with amp:
+            total += float(model.loss(x, y)) * len(x)
+        n += len(x)
+    model.train(was)
+    return total / n
+
+
+class Trial:
+    """The state of one running trial (model, optimizer, sampler, intervention, counters)."""
+
+    def __init__(self, cfg: TrialConfig, corpus: Corpus | None = None) -> None:
+        self.cfg = cfg
+        if cfg.threads > 0:
+            torch.set_num_threads(cfg.threads)
+        self.device = pick_device(cfg)
+        self.corpus = corpus or load_corpus(cfg.dataset)
+        torch.manual_seed(cfg.seed)
+        self.model = GPT(cfg, self.corpus.vocab_size).to(self.device)
+        self.opt = make_optimizer(cfg, self.model)
+        self.control = KeySpectrumControl(cfg, self.model)
+        self.sampler = Sampler(self.corpus.train, cfg.block_size, cfg.batch_size, cfg.seed)
+        val = self.corpus.val
+        self.val_starts = fixed_starts(val, cfg.block_size, cfg.eval_batches * cfg.batch_size,
+                                       VAL_SEED)
+        self.probe_x, _ = windows(val, fixed_starts(val, cfg.block_size, cfg.probe_batch,
+                                                    PROBE_SEED), cfg.block_size, self.device)
+        self.step = 0
+        self.tokens = 0
+        self.loss_acc = [0.0, 0]  # (sum, count) since the last StepRecord
+        self.probe_loss_acc = [0.0, 0]  # since the last probe
+        self.history: list[StepRecord] = []
+        self.amp = (torch.autocast("cuda", dtype=torch.bfloat16)
+                    if self.device.type == "cuda" else contextlib.nullcontext())
+        self.fwd = torch.compile(self.model) if cfg.compile else self.model
+
+    # ---------------------------------------------------------------- checkpoints
+    def save(self, directory: str | Path) -> str:
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        state = {
+            "config": self.cfg.to_dict(),
+            "corpus_key": self.corpus.key,
+            "chars": self.corpus.chars,
+            "model": self.model.state_dict(),
+            "optimizer": self.opt.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+            "control": self.control.state_dict(),
+            "step": self.step,
+            "tokens": self.tokens,
+            "loss_acc": self.loss_acc,
+            "probe_loss_acc": self.probe_loss_acc,
+        }
+        tmp = d / (STATE_FILE + ".tmp")
+        torch.save(state, tmp)
+        tmp.replace(d / STATE_FILE)  # atomic: a crash never leaves half a checkpoint
+        return str(d)
+
+    def load(self, directory: str | Path) -> None:
+        path = Path(directory) / STATE_FILE
+        state = torch.load(path, map_location=self.device, weights_only=False)
+        if state["corpus_key"] != self.corpus.key:
+            raise ValueError(f"checkpoint {path} was trained on a different corpus")
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.sampler.load_state_dict(state["sampler"])
+        torch.set_rng_state(state["torch_rng"])
+        if state["cuda_rng"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        self.control.load_state_dict(state["control"])
+        self.step, self.tokens = state["step"], state["tokens"]
+        self.loss_acc, self.probe_loss_acc = state["loss_acc"], state["probe_loss_acc"]
+
+    # ---------------------------------------------------------------- steps
+    def train_step(self) -> float:
+        cfg = self.cfg
+        lr = lr_at(cfg, self.step)
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        x, y = self.sampler.next(self.device)
+        with self.amp:
+            logits = self.fwd(x)
+            loss = torch.nn.functional.cross_entropy(
+                logits.view(-1, logits.size(-1)).float(), y.reshape(-1)
+            )
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        self.opt.step()
+        self.step += 1
+        self.control.after_step(self.step)
+        self.tokens += x.numel()
+        lv = float(loss.detach())
+        self.loss_acc[0] += lv
+        self.loss_acc[1] += 1
+        self.probe_loss_acc[0] += lv
+        self.probe_loss_acc[1] += 1
+        return lv
+
+    def val_loss(self) -> float:
+        return mean_loss(self.model, self.corpus.val, self.val_starts, self.cfg, self.device,
+                         self.amp)
+
+    def probe(self, val_loss: float, tokens_per_s: float) -> ProbeRecord:
+        with self.amp:
+            rows = probe_model(self.model, self.probe_x)
+        tgt = self.control.targets_now()
+        if tgt is not None:
+            rows += [(li, None, "wk_target_pr", float(v)) for li, v in enumerate(tgt)]
+        s, n = self.probe_loss_acc
+        self.probe_loss_acc = [0.0, 0]
+        rec = ProbeRecord(
+            step=self.step,
+            progress=self.step / self.cfg.max_steps,
+            tokens=self.tokens,
+            train_loss=s / n if n else math.nan,
+            val_loss=val_loss,
+            lr=lr_at(self.cfg, self.step),
+            tokens_per_s=tokens_per_s,
+            metrics=rows,
+            history=self.history,
+        )
+        self.history = []
+        return rec
+
+
+def train(
+    cfg: TrialConfig,
+    report: Report | None = None,
+    *,
+    checkpoint_dir: str | Path | None = None,
+    resume_from: str | Path | None = None,
+    progress: Progress | None = None,
+    corpus: Corpus | None = None,
+) -> TrialResult:
+    """Run one trial; see the module docstring for the ``report`` protocol.
+
+    ``checkpoint_dir``: where to write ``step_NNNNNNN/`` checkpoints (at probe steps that
+    are multiples of ``cfg.checkpoint_every``, or every probe when it is 0); ``None``
+    writes none. ``resume_from``: a checkpoint directory to continue from.
+    ``progress(step, info)`` is called after every step with loss/throughput for displays.
+    """
+    t_start = time.perf_counter()
+    tr = Trial(cfg, corpus)
+    if resume_from is not None:
+        tr.load(resume_from)
+
+    def emit(rec: ProbeRecord) -> None:
+        ckpt = None
+        due = cfg.checkpoint_every == 0 or rec.step % cfg.checkpoint_every == 0
+        if checkpoint_dir is not None and (due or rec.step == cfg.max_steps):
+            ckpt = tr.save(Path(checkpoint_dir) / f"step_{rec.step:07d}")
+        if report is not None:
+            report(rec, ckpt)
+
+    if tr.step == 0:
+        emit(tr.probe(tr.val_loss(), 0.0))
+
+    window_t, window_tok = 0.0, 0  # training-only time and tokens since the last record
+    probe_t, probe_tok = 0.0, 0
+    total_train_t, total_train_tok = 0.0, 0
+    last_val = math.nan
+    while tr.step < cfg.max_steps:
+        if cfg.fail_at_step >= 0 and tr.step == cfg.fail_at_step and resume_from is None:
+            raise InjectedFailure(f"fail_at_step={cfg.fail_at_step}: injected test failure")
+        t0 = time.perf_counter()
+        loss = tr.train_step()
+        if tr.device.type == "cuda" and tr.step % cfg.log_every == 0:
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        ntok = cfg.batch_size * cfg.block_size
+        window_t += dt
+        window_tok += ntok
+        probe_t += dt
+        probe_tok += ntok
+        total_train_t += dt
+        total_train_tok += ntok
+        step = tr.step
+        is_eval = step % cfg.eval_every == 0 or step == cfg.max_steps
+        is_probe = step % cfg.probe_every == 0 or step == cfg.max_steps
+        val = tr.val_loss() if (is_eval or is_probe) else math.nan
+        if not math.isnan(val):
+            last_val = val
+        if step % cfg.log_every == 0 or is_eval or is_probe:
+            s, n = tr.loss_acc
+            tr.history.append(StepRecord(step, s / n if n else math.nan, val,
+                                         lr_at(cfg, step - 1), window_tok / max(window_t, 1e-9)))
+            tr.loss_acc = [0.0, 0]
+            window_t, window_tok = 0.0, 0
+        if is_probe:
+            emit(tr.probe(val, probe_tok / max(probe_t, 1e-9)))
+            probe_t, probe_tok = 0.0, 0
+        if progress is not None:
+            progress(step, {"loss": loss, "val_loss": last_val,
+                            "tokens_per_s": total_train_tok / max(total_train_t, 1e-9)})
+
+    test_starts = fixed_starts(tr.corpus.test, cfg.block_size, cfg.test_batches * cfg.batch_size,
+                               TEST_SEED)
+    test_loss = mean_loss(tr.model, tr.corpus.test, test_starts, cfg, tr.device, tr.amp)
+    return TrialResult(
+        steps=tr.step,
+        final_val_loss=last_val if not math.isnan(last_val) else tr.val_loss(),
+        test_loss=test_loss,
+        unigram_entropy=unigram_entropy(tr.corpus.test),
+        wall_s=time.perf_counter() - t_start,
+        tokens_per_s=total_train_tok / max(total_train_t, 1e-9),
+        device=str(tr.device),
+        data_note=tr.corpus.note,
+        n_params=tr.model.n_params(),
+        extra={"host": socket.gethostname(), "pid": os.getpid(), "vocab_size":
+               tr.corpus.vocab_size},
+    )
