@@ -1,0 +1,202 @@
+"""Charts of the study: each function takes a tidy DataFrame and returns an altair chart.
+
+The caller decides where a chart goes (:func:`save_chart`). Data are aggregated here
+before plotting so a chart's inline data stay small: trajectories are binned on training
+progress (at most :data:`PROGRESS_BINS` + 1 points per line) and scatters are subsampled
+deterministically to :data:`MAX_POINTS` points. Inputs may be polars or pandas frames.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import altair as alt
+import polars as pl
+
+from qkgeom.errors import QkgeomError
+
+PROGRESS_BINS = 40  # progress is rounded to multiples of 1/40 before plotting
+MAX_POINTS = 4000  # scatter points kept (altair inlines every row)
+ARM_ORDER = ["none", "hold", "shrink"]
+ARM_COLORS = ["#4c4c4c", "#1f77b4", "#d62728"]
+METRIC_TITLES = {
+    "pr_q": "PR_Q (query activations)",
+    "pr_k": "PR_K (key activations)",
+    "pr_wk": "PR of W_K (weights)",
+    "pr_wq": "PR of W_Q (weights)",
+    "entropy": "attention entropy (nats)",
+    "entropy_norm": "normalised entropy",
+    "qk_pr": "PR of W_Q W_K^T",
+    "qk_erank": "eff. rank of W_Q W_K^T",
+    "logit_erank": "eff. rank of logits",
+    "wk_target_pr": "W_K target PR",
+}
+
+
+class PlotError(QkgeomError):
+    """Nothing to plot: the input frame lacks rows or columns."""
+
+
+def _frame(df: Any, required: set[str], what: str) -> pl.DataFrame:
+    if not isinstance(df, pl.DataFrame):
+        df = pl.from_pandas(df) if hasattr(df, "to_numpy") else pl.DataFrame(df)
+    missing = required - set(df.columns)
+    if missing:
+        raise PlotError(f"{what} plot needs columns {sorted(missing)}; got {df.columns}")
+    df = df.filter(pl.col("value").is_not_null() & pl.col("value").is_finite()) \
+        if "value" in df.columns else df
+    if df.height == 0:
+        raise PlotError(f"no finite values to draw in the {what} plot; check the sweep has "
+                        "probe metrics (qkgeom db info)")
+    return df
+
+
+def _bin_progress(df: pl.DataFrame) -> pl.DataFrame:
+    return df.with_columns(
+        (pl.col("progress").fill_null(0.0) * PROGRESS_BINS).round(0).truediv(PROGRESS_BINS)
+        .alias("progress"))
+
+
+def trajectories(df: Any) -> alt.FacetChart:
+    """PR_Q (solid) and PR_K (dashed) over training progress, one colour per layer.
+
+    ``df`` columns: depth, init, layer, metric (pr_q / pr_k), progress, value: one row
+    per trajectory point (already averaged over seeds, e.g. from ``v_trajectories``).
+    Rows are depths, columns are initialisations.
+    """
+    d = _frame(df, {"depth", "init", "layer", "metric", "progress", "value"}, "trajectories")
+    d = d.filter(pl.col("metric").is_in(["pr_q", "pr_k"]))
+    if d.height == 0:
+        raise PlotError("no pr_q / pr_k rows to draw in the trajectories plot")
+    d = (_bin_progress(d)
+         .group_by(["depth", "init", "layer", "metric", "progress"])
+         .agg(pl.col("value").mean())
+         .with_columns(pl.col("metric").replace({"pr_q": "PR_Q", "pr_k": "PR_K"}))
+         .sort(["depth", "init", "layer", "metric", "progress"]))
+    base = alt.Chart(d).mark_line(strokeWidth=1.6).encode(
+        x=alt.X("progress:Q", title="training progress (step / max_steps)",
+                scale=alt.Scale(domain=[0, 1])),
+        y=alt.Y("value:Q", title="participation ratio (dims)"),
+        color=alt.Color("layer:O", title="layer", scale=alt.Scale(scheme="viridis")),
+        strokeDash=alt.StrokeDash("metric:N", title="metric",
+                                  sort=["PR_Q", "PR_K"],
+                                  scale=alt.Scale(domain=["PR_Q", "PR_K"],
+                                                  range=[[1, 0], [5, 3]])),
+        detail="metric:N",
+        tooltip=["depth:O", "init:N", "layer:O", "metric:N",
+                 alt.Tooltip("progress:Q", format=".3f"), alt.Tooltip("value:Q", format=".3f")],
+    ).properties(width=220, height=160)
+    return base.facet(
+        row=alt.Row("depth:O", title="depth (layers)"),
+        column=alt.Column("init:N", title="Q/K initialisation"),
+    ).properties(title="PR_Q (solid) and PR_K (dashed) per layer, mean over seeds")
+
+
+def intervention(df: Any, *, metrics: tuple[str, ...] = ("entropy", "pr_wk", "pr_k")
+                 ) -> alt.FacetChart:
+    """Each arm over training, mean over seeds with a min-max band across seeds.
+
+    ``df`` columns: arm, seed, progress, metric, value, where value is one trial's value at
+    one probe, already averaged over layers (heads). Panels, left to right: attention
+    entropy, the achieved W_K weight PR and the key-activation PR_K, so a reader sees
+    whether ``shrink`` really contracted the keys relative to the baseline ``none``.
+    """
+    d = _frame(df, {"arm", "seed", "progress", "metric", "value"}, "intervention")
+    d = d.filter(pl.col("metric").is_in(list(metrics)))
+    if d.height == 0:
+        raise PlotError(f"no {', '.join(metrics)} rows to draw in the intervention plot")
+    per_seed = (_bin_progress(d).group_by(["metric", "arm", "seed", "progress"])
+                .agg(pl.col("value").mean()))
+    agg = (per_seed.group_by(["metric", "arm", "progress"])
+           .agg(pl.col("value").mean().alias("mean"), pl.col("value").min().alias("lo"),
+                pl.col("value").max().alias("hi"), pl.len().alias("n_seeds"))
+           .with_columns(pl.col("metric").replace(METRIC_TITLES).alias("panel"))
+           .sort(["metric", "arm", "progress"]))
+    arms = [a for a in ARM_ORDER if a in set(agg["arm"])] + sorted(
+        set(agg["arm"]) - set(ARM_ORDER))
+    color = alt.Color("arm:N", title="arm", sort=arms,
+                      scale=alt.Scale(domain=arms, range=(ARM_COLORS + ["#2ca02c", "#9467bd"])
+                                      [: len(arms)]))
+    x = alt.X("progress:Q", title="training progress", scale=alt.Scale(domain=[0, 1]))
+    band = alt.Chart().mark_area(opacity=0.18).encode(
+        x=x, y=alt.Y("lo:Q", title=None, scale=alt.Scale(zero=False)), y2="hi:Q",
+        color=color)
+    line = alt.Chart().mark_line(strokeWidth=2).encode(
+        x=x, y=alt.Y("mean:Q", title=None), color=color,
+        tooltip=["arm:N", "panel:N", alt.Tooltip("progress:Q", format=".3f"),
+                 alt.Tooltip("mean:Q", format=".4f"), "n_seeds:Q"])
+    order = [METRIC_TITLES.get(m, m) for m in metrics]
+    return alt.layer(band, line, data=agg).properties(width=230, height=180).facet(
+        column=alt.Column("panel:N", title=None, sort=order),
+    ).resolve_scale(y="independent").properties(
+        title="Intervention arms: mean over seeds, band = min-max across seeds")
+
+
+def correlation(df: Any, *, x: str, y: str, rho: float | None = None,
+                seed: int = 0) -> alt.Chart:
+    """Scatter of metric ``x`` against metric ``y``, one point per (run, probe, layer).
+
+    ``df`` columns: ``x``, ``y`` (named after the metrics), and optionally depth, arm.
+    More than :data:`MAX_POINTS` rows are subsampled with ``seed`` (the title says so).
+    """
+    d = _frame(df, {x, y}, "correlation")
+    d = d.filter(pl.col(x).is_finite() & pl.col(y).is_finite())
+    if d.height == 0:
+        raise PlotError(f"no finite ({x}, {y}) pairs to draw in the correlation plot")
+    n = d.height
+    if n > MAX_POINTS:
+        d = d.sample(MAX_POINTS, seed=seed, shuffle=False)
+    title = f"{METRIC_TITLES.get(y, y)} vs {METRIC_TITLES.get(x, x)}"
+    sub = f"{n} points" if n <= MAX_POINTS else f"{MAX_POINTS} of {n} points (random subsample)"
+    if rho is not None:
+        sub += f"; Spearman rho = {rho:.3f}"
+    enc: dict[str, Any] = dict(
+        x=alt.X(f"{x}:Q", title=METRIC_TITLES.get(x, x), scale=alt.Scale(zero=False)),
+        y=alt.Y(f"{y}:Q", title=METRIC_TITLES.get(y, y), scale=alt.Scale(zero=False)),
+    )
+    if "depth" in d.columns:
+        enc["color"] = alt.Color("depth:O", title="depth", scale=alt.Scale(scheme="dark2"))
+    if "arm" in d.columns and d["arm"].n_unique() > 1:
+        enc["shape"] = alt.Shape("arm:N", title="arm")
+    cols = [c for c in (x, y, "depth", "arm") if c in d.columns]
+    return alt.Chart(d.select(cols)).mark_point(size=14, opacity=0.45, filled=True).encode(
+        **enc).properties(width=420, height=320, title=alt.Title(title, subtitle=sub))
+
+
+def save_chart(chart: alt.TopLevelMixin, path: str | Path, *, scale: float = 2.0) -> Path:
+    """Write ``chart`` to ``path``; the suffix picks the format (.html, .png, .svg, .json).
+
+    HTML is self-contained: the vega scripts are inlined, so it opens offline.
+    """
+    p = Path(path)
+    suffix = p.suffix.lower()
+    if suffix not in (".html", ".png", ".svg", ".json"):
+        raise PlotError(f"cannot write {p.name}: use a .html, .png, .svg or .json file name")
+    if not p.parent.exists():
+        raise PlotError(f"directory {p.parent} does not exist; create it first")
+    if suffix == ".html":
+        chart.save(str(p), format="html", inline=True)
+    elif suffix == ".png":
+        chart.save(str(p), format="png", scale_factor=scale)
+    else:
+        chart.save(str(p), format=suffix[1:])
+    return p
+
+
+def to_svg(chart: alt.TopLevelMixin) -> str:
+    """The chart rendered as an SVG document (text), for inline embedding."""
+    import vl_convert as vlc
+
+    return vlc.vegalite_to_svg(chart.to_dict(), vl_version=_vl_version())
+
+
+def to_png(chart: alt.TopLevelMixin, *, scale: float = 2.0) -> bytes:
+    import vl_convert as vlc
+
+    return vlc.vegalite_to_png(chart.to_dict(), vl_version=_vl_version(), scale=scale)
+
+
+def _vl_version() -> str:
+    # e.g. "6.1.0" -> "6.1", the form vl_convert expects
+    return ".".join(alt.SCHEMA_VERSION.lstrip("v").split(".")[:2])
