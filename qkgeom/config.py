@@ -89,6 +89,11 @@ class TrialConfig:
             f"{self.n_embd} is not divisible by n_head={self.n_head}",
         )
         need(self.init in INITS, "init", f"unknown init {self.init!r}; choose from {INITS}")
+        need(
+            self.init != "orthogonal" or self.d_head >= 2,
+            "init",
+            "orthogonal needs d_head = n_embd / n_head >= 2 (it splits each head's dimensions)",
+        )
         need(self.arm in ARMS, "arm", f"unknown arm {self.arm!r}; choose from {ARMS}")
         need(self.site in SITES, "site", f"unknown site {self.site!r}; choose from {SITES}")
         need(

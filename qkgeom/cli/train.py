@@ -1,0 +1,164 @@
+"""``qkgeom train``: one trial on this machine, with a progress bar and a closing summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from qkgeom.cli import main
+from qkgeom.cli.common import user_errors
+
+
+class ProgressLine:
+    """A one-line progress display on stderr: bar, step, loss, throughput, ETA."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.enabled = total, enabled
+        self.t0 = time.monotonic()
+        self.last = 0.0
+
+    def __call__(self, step: int, info: dict) -> None:
+        now = time.monotonic()
+        if not self.enabled or (now - self.last < 0.25 and step < self.total):
+            return
+        self.last = now
+        frac = step / self.total
+        eta = (now - self.t0) / max(frac, 1e-9) * (1 - frac)
+        bar = "#" * int(28 * frac)
+        val = info["val_loss"]
+        val_s = f" val {val:.3f}" if val == val else ""
+        sys.stderr.write(
+            f"\r[{bar:<28}] {step}/{self.total} loss {info['loss']:.3f}{val_s} "
+            f"{info['tokens_per_s']:,.0f} tok/s ETA {eta:4.0f}s "
+        )
+        if step >= self.total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+@main.command()
+@click.option("--preset", "preset_name", default="smoke", show_default=True,
+              help="Trial settings to start from: smoke, cpu or paper.")
+@click.option("--data", default=None, envvar="QKGEOM_DATA",
+              help="Corpus: a directory with wiki.*.raw, a text file, wikitext-103 or "
+              "wikitext-2 (download). Default: $QKGEOM_DATA, else wikitext-103.")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Override one config field (repeatable), e.g. --set n_layer=4.")
+@click.option("--out", type=click.Path(file_okay=False), default=None,
+              help="Run directory for config.json, probes.jsonl and checkpoints "
+              "(default runs/train-<preset>-<time>).")
+@click.option("--db", default=None,
+              help="Also record into this results database (URL or SQLite path; "
+              "$QKGEOM_DB is used when set).")
+@click.option("--name", "sweep_name", default="train",
+              help="Sweep name under which --db records the trial.", show_default=True)
+@click.option("--checkpoints/--no-checkpoints", default=True, show_default=True,
+              help="Keep a checkpoint at every probe under OUT/checkpoints.")
+@click.option("--resume", "resume_dir", type=click.Path(exists=True, file_okay=False),
+              default=None, help="Continue from a checkpoint directory (OUT/checkpoints/step_N).")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+def train(preset_name, data, sets, out, db, sweep_name, checkpoints, resume_dir, quiet):
+    """Train one trial and probe its Q/K geometry as it trains."""
+    with user_errors():
+        from qkgeom.config import preset
+        from qkgeom.records import METRICS
+        from qkgeom.train import train as run_trial
+
+        cfg = preset(preset_name)
+        if data:
+            cfg = cfg.with_overrides({"dataset": data})
+        cfg = cfg.with_overrides(list(sets))
+        from qkgeom.data import load_corpus
+
+        corpus = load_corpus(cfg.dataset)  # fails before anything is written
+        run_dir = Path(out or f"runs/train-{preset_name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+        sink = Recorder(run_dir, db or os.environ.get("QKGEOM_DB"), sweep_name, cfg)
+        bar = ProgressLine(cfg.max_steps, enabled=not quiet)
+        click.echo(f"qkgeom train: preset {preset_name}, {cfg.n_layer} layers, n_embd "
+                   f"{cfg.n_embd}, init {cfg.init}, arm {cfg.arm}, seed {cfg.seed} -> {run_dir}",
+                   err=True)
+        try:
+            result = run_trial(
+                cfg, sink,
+                checkpoint_dir=run_dir / "checkpoints" if checkpoints else None,
+                resume_from=resume_dir, progress=bar, corpus=corpus,
+            )
+        except BaseException as e:
+            sink.failed(e)
+            raise
+        sink.finished(result)
+        summary = {**result.__dict__, "run_dir": str(run_dir)}
+        (run_dir / "result.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+    click.echo(f"\n{result.data_note}")
+    click.echo(f"device {result.device}, {result.n_params:,} parameters, {result.steps} steps in "
+               f"{result.wall_s:.1f} s ({result.tokens_per_s:,.0f} training tokens/s)")
+    click.echo(f"test loss       {result.test_loss:.4f} nats/char")
+    click.echo(f"unigram entropy {result.unigram_entropy:.4f} nats/char (of the test text)")
+    if sink.last is not None:
+        final = {(li, n): v for li, h, n, v in sink.last.metrics if h is None}
+        layers = sorted({li for li, _ in final})
+        cols = [n for n in ("pr_q", "pr_k", "pr_wk", "qk_erank", "entropy") if n in METRICS]
+        click.echo(f"\nfinal probe (step {sink.last.step}), layer-level:")
+        click.echo("layer " + " ".join(f"{c:>9}" for c in cols))
+        for li in layers:
+            click.echo(f"{li:>5} " + " ".join(f"{final.get((li, c), float('nan')):9.3f}"
+                                              for c in cols))
+    click.echo(f"\nprobe records: {run_dir / 'probes.jsonl'}")
+    if sink.store is not None:
+        click.echo(f"recorded as trial {sink.trial_key!r} of sweep {sweep_name!r} in "
+                   f"{sink.url_shown}")
+
+
+class Recorder:
+    """Appends each probe to probes.jsonl (flushed: survives a crash) and, with --db, stores it."""
+
+    def __init__(self, run_dir: Path, db: str | None, sweep_name: str, cfg) -> None:
+        self.path = run_dir / "probes.jsonl"
+        self.fh = self.path.open("a", encoding="utf-8")
+        self.last = None
+        self.store = None
+        self.trial_id = None
+        self.trial_key = f"d{cfg.n_layer}-{cfg.init}-{cfg.arm}-s{cfg.seed}"
+        if db:
+            from qkgeom import __version__
+            from qkgeom.store import open_store, resolve_url, safe_url
+
+            url = resolve_url(db)
+            self.url_shown = safe_url(url)
+            self.store = open_store(url)
+            sid = self.store.ensure_sweep(sweep_name, {"kind": "train"}, __version__)
+            self.trial_id = self.store.ensure_trial(
+                sid, self.trial_key, cfg.to_dict(), depth=cfg.n_layer, init=cfg.init,
+                arm=cfg.arm, seed=cfg.seed, status="running",
+            )
+            self.store.set_trial_status(self.trial_id, "running", bump_attempts=True)
+
+    def __call__(self, record, checkpoint) -> None:
+        self.fh.write(json.dumps(record.to_dict(), allow_nan=True) + "\n")
+        self.fh.flush()
+        self.last = record
+        if self.store is not None:
+            self.store.write_probe(self.trial_id, record)
+            if checkpoint is not None:
+                self.store.add_checkpoint(self.trial_id, record.step, str(Path(checkpoint)
+                                                                              .resolve()))
+
+    def failed(self, e: BaseException) -> None:
+        self.fh.close()
+        if self.store is not None:
+            status = "interrupted" if isinstance(e, KeyboardInterrupt) else "error"
+            self.store.set_trial_status(self.trial_id, status, error=f"{type(e).__name__}: {e}")
+
+    def finished(self, result) -> None:
+        self.fh.close()
+        if self.store is not None:
+            self.store.set_trial_status(self.trial_id, "terminated", device=result.device,
+                                        host=result.extra.get("host"))

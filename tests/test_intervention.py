@@ -1,0 +1,133 @@
+"""The key-spectrum arms: targets hit, singular vectors kept, Frobenius norm preserved."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from qkgeom.config import TrialConfig
+from qkgeom.intervention import (
+    KeySpectrumControl,
+    reshape_singular_values,
+    schedule_factor,
+    solve_power,
+)
+from qkgeom.metrics import weight_pr
+from qkgeom.model import GPT
+
+RNG = np.random.default_rng(1)
+
+
+def np_pr_sq(s):
+    s2 = np.asarray(s) ** 2
+    return s2.sum() ** 2 / (s2**2).sum()
+
+
+@pytest.mark.parametrize("target", [1.5, 5.0, 20.0, 40.0])
+def test_reshape_hits_target_and_keeps_norm(target):
+    s = np.sort(np.abs(RNG.standard_normal(48)))[::-1] * 0.3
+    new = reshape_singular_values(torch.tensor(s)[None], torch.tensor([target]))[0].numpy()
+    assert np_pr_sq(new) == pytest.approx(target, rel=1e-6)
+    assert np.linalg.norm(new) == pytest.approx(np.linalg.norm(s), rel=1e-12)
+    assert (np.diff(new) <= 1e-15).all()  # order (hence the singular vectors' roles) kept
+
+
+def test_unreachable_targets_clip_to_the_reachable_range():
+    w = torch.tensor([[4.0, 1.0, 1.0, 0.0]])
+    p_hi = solve_power(w, torch.tensor([10.0]))  # above the 3 non-zero entries
+    assert float(p_hi) == pytest.approx(0.0, abs=1e-9)
+
+
+def model_with(arm: str, **kw) -> tuple[GPT, KeySpectrumControl]:
+    cfg = TrialConfig(n_layer=2, n_embd=32, n_head=4, block_size=16, arm=arm, max_steps=100, **kw)
+    torch.manual_seed(0)
+    m = GPT(cfg, vocab_size=30)
+    return m, KeySpectrumControl(cfg, m)
+
+
+def perturb(m: GPT) -> None:
+    """Stand in for an optimizer step that sharpens the key spectrum."""
+    with torch.no_grad():
+        for a in m.attn_layers():
+            w = a.k_proj.weight
+            u, s, vh = torch.linalg.svd(w)
+            a.k_proj.weight.copy_(u @ torch.diag(s * torch.linspace(3, 0.2, len(s))) @ vh)
+
+
+@pytest.mark.parametrize("arm,step", [("hold", 10), ("shrink", 50), ("shrink", 100)])
+def test_arm_sets_weight_pr_to_target_with_same_singular_vectors(arm, step):
+    m, ctl = model_with(arm, shrink_to=0.4)
+    pr0 = [weight_pr(a.k_proj.weight) for a in m.attn_layers()]
+    perturb(m)
+    before = [a.k_proj.weight.detach().double().clone() for a in m.attn_layers()]
+    ctl.after_step(step)
+    expected = pr0 if arm == "hold" else [p * (1 + (0.4 - 1) * step / 100) for p in pr0]
+    for a, w0, tgt, t_used in zip(m.attn_layers(), before, expected, ctl.targets_now()):
+        w1 = a.k_proj.weight.detach().double()
+        assert t_used == pytest.approx(tgt, rel=1e-12)
+        assert weight_pr(w1) == pytest.approx(tgt, rel=1e-3)
+        assert float(w1.norm()) == pytest.approx(float(w0.norm()), rel=1e-5)
+        u0, _, v0 = torch.linalg.svd(w0)
+        u1, _, v1 = torch.linalg.svd(w1)
+        # same singular vectors up to sign: |<u0_i, u1_i>| = 1 (top directions, distinct values)
+        cos_u = (u0[:, :8] * u1[:, :8]).sum(0).abs()
+        cos_v = (v0[:8] * v1[:8]).sum(1).abs()
+        assert torch.allclose(cos_u, torch.ones(8, dtype=cos_u.dtype), atol=1e-4)
+        assert torch.allclose(cos_v, torch.ones(8, dtype=cos_v.dtype), atol=1e-4)
+
+
+def test_none_arm_changes_nothing():
+    m, ctl = model_with("none")
+    w = m.blocks[0].attn.k_proj.weight.detach().clone()
+    ctl.after_step(5)
+    assert torch.equal(w, m.blocks[0].attn.k_proj.weight)
+    assert ctl.targets_now() is None
+
+
+def test_schedules_start_at_one_and_end_at_fraction():
+    for sched in ("linear", "cosine", "exp"):
+        cfg = TrialConfig(arm="shrink", shrink_to=0.25, shrink_schedule=sched, max_steps=200)
+        assert schedule_factor(cfg, 0) == pytest.approx(1.0)
+        assert schedule_factor(cfg, 200) == pytest.approx(0.25)
+        mid = schedule_factor(cfg, 100)
+        assert 0.25 < mid < 1.0
+    assert schedule_factor(TrialConfig(shrink_schedule="exp", shrink_to=0.25, max_steps=200),
+                           100) == pytest.approx(0.5)
+
+
+def test_absolute_and_baseline_targets():
+    m, ctl = model_with("shrink", target_mode="absolute", shrink_to=3.0)
+    assert ctl.target(100, [20.0]) == pytest.approx([3.0])
+    assert ctl.target(50, [20.0]) == pytest.approx([11.5])
+    base = [[0, [30.0, 20.0]], [100, [10.0, 4.0]]]
+    m, ctl = model_with("shrink", target_mode="baseline_fraction", shrink_to=0.5,
+                        shrink_schedule="constant", baseline_pr=base)
+    assert ctl.target(50, [99.0, 99.0]) == pytest.approx([10.0, 6.0])
+
+
+def test_activation_site_shapes_key_covariance_towards_target():
+    cfg = TrialConfig(n_layer=1, n_embd=32, n_head=4, block_size=16, arm="shrink",
+                      site="activation", shrink_to=0.3, shrink_schedule="constant",
+                      max_steps=10, act_momentum=0.5)
+    torch.manual_seed(0)
+    m = GPT(cfg, vocab_size=30)
+    ctl = KeySpectrumControl(cfg, m)
+    x = torch.randint(0, 30, (8, 16))
+    m.train()
+    m(x)
+    ctl.after_step(1)  # sets pr0 from the key covariance and builds the map
+    tgt = ctl.targets_now()[0]
+    assert tgt == pytest.approx(0.3 * ctl.shapers[0].pr0)
+    got = {}
+    m.blocks[0].attn.hook_k.register_forward_hook(lambda mod, i, o: got.__setitem__("k", o))
+    m.eval()
+    m(x)
+    k = got["k"].transpose(1, 2).reshape(-1, 32).double()
+    # the shaped keys' covariance, measured under the same running statistics, is on target
+    from qkgeom.metrics import participation_ratio
+
+    sh = ctl.shapers[0]
+    c_shaped = sh.a.T @ sh.cov @ sh.a
+    assert participation_ratio(torch.linalg.eigvalsh(c_shaped)) == pytest.approx(tgt, rel=1e-3)
+    assert torch.isfinite(k).all()
