@@ -1,0 +1,388 @@
+"""The sweep spec as data: which trials a study runs. Pure Python, no Ray.
+
+A spec has a trial base (a :data:`qkgeom.config.PRESETS` name plus overrides), a
+*geometry grid* (depths x inits x seeds, arm ``none``) and an *intervention study*
+(arms x seeds at one depth and init). Every intervention arm is paired by seed with the
+arm-``none`` trial of the same depth, init and seed: that baseline is shared with the grid
+when the grid already has it, and added once otherwise.
+
+Spec file (YAML or TOML; every section optional except that one of grid/interventions
+must yield trials)::
+
+    name: mystudy                  # default sweep name
+    trial:
+      preset: cpu                  # base TrialConfig preset (qkgeom.config.PRESETS)
+      overrides: {max_steps: 300}  # any TrialConfig key except n_layer/init/arm/seed
+    grid:
+      depths: [2, 3, 4]
+      inits: [gaussian, tied, orthogonal]
+      seeds: 2                     # an int n means seeds 0..n-1; or a list
+    interventions:
+      depth: 4
+      init: gaussian
+      arms: [hold, shrink]         # 'none' may be listed; the baseline is always run
+      seeds: 3
+      arm_overrides:               # optional per-arm TrialConfig overrides
+        shrink: {shrink_to: 0.25}
+
+Trial keys are deterministic: ``d{depth}-{init}-{arm}-s{seed}``, e.g. ``d4-gaussian-none-s0``.
+An arm whose config uses ``target_mode: baseline_fraction`` needs its paired baseline's
+W_K PR trajectory; such trials are marked ``needs_baseline`` and run after the baselines.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from qkgeom.config import ARMS, INITS, PRESETS, ConfigError, TrialConfig, check_keys
+
+# Set per trial by the spec itself; a trial-level override of these would be silently lost.
+GRID_KEYS = ("n_layer", "init", "arm", "seed")
+SPEC_KEYS = ["name", "trial", "grid", "interventions"]
+TRIAL_KEYS = ["preset", "overrides"]
+GRID_SECTION_KEYS = ["depths", "inits", "seeds"]
+INTERVENTION_KEYS = ["depth", "init", "arms", "seeds", "arm_overrides"]
+# a placeholder so that baseline_fraction configs validate before the baseline exists
+_PLACEHOLDER_PR = [[0, [1.0]]]
+
+
+class SpecError(ConfigError):
+    """A bad sweep spec; the message names the key."""
+
+
+# ---------------------------------------------------------------------- presets
+SWEEP_PRESETS: dict[str, dict[str, Any]] = {
+    # tiny, for tests: 4 grid trials + 4 arm trials + 1 extra baseline, seconds each
+    "smoke": {
+        "name": "smoke",
+        "trial": {"preset": "smoke", "overrides": {}},
+        "grid": {"depths": [1, 2], "inits": ["gaussian", "orthogonal"], "seeds": [0]},
+        "interventions": {"depth": 2, "init": "gaussian", "arms": ["hold", "shrink"],
+                          "seeds": [0, 1]},
+    },
+    # the study scaled to a 2-core machine in about an hour (see docs/benchmarks.md)
+    "cpu": {
+        "name": "cpu",
+        "trial": {"preset": "cpu", "overrides": {}},
+        "grid": {"depths": [2, 3, 4], "inits": list(INITS), "seeds": [0, 1]},
+        "interventions": {"depth": 4, "init": "gaussian", "arms": ["none", "hold", "shrink"],
+                          "seeds": [0, 1, 2]},
+    },
+    # PAPER.md: 36 geometry runs + 3 arms x 5 seeds at depth 6, gaussian init
+    "paper": {
+        "name": "paper",
+        "trial": {"preset": "paper", "overrides": {}},
+        "grid": {"depths": [4, 6, 8], "inits": list(INITS), "seeds": [0, 1, 2, 3]},
+        "interventions": {"depth": 6, "init": "gaussian", "arms": ["none", "hold", "shrink"],
+                          "seeds": [0, 1, 2, 3, 4]},
+    },
+}
+
+
+@dataclass
+class TrialSpec:
+    """One trial of a sweep: its key, full config and the grid coordinates."""
+
+    key: str
+    config: dict[str, Any]  # TrialConfig.to_dict(), validated
+    depth: int
+    init: str
+    arm: str
+    seed: int
+    baseline_key: str | None = None  # the paired arm-'none' trial (arms only)
+    needs_baseline: bool = False  # config needs baseline_pr filled from baseline_key
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(key=self.key, config=self.config, depth=self.depth, init=self.init,
+                    arm=self.arm, seed=self.seed, baseline_key=self.baseline_key,
+                    needs_baseline=self.needs_baseline)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrialSpec:
+        return cls(**d)
+
+
+@dataclass
+class SweepPlan:
+    """A validated spec and the trials it expands to (in run order)."""
+
+    name: str
+    spec: dict[str, Any]  # the normalised spec (stored in the database)
+    trials: list[TrialSpec] = field(default_factory=list)
+
+    def by_key(self) -> dict[str, TrialSpec]:
+        return {t.key: t for t in self.trials}
+
+    def probes_per_trial(self, key: str) -> int:
+        """Number of ProbeRecords a trial emits: step 0, every probe_every, and the end."""
+        c = self.by_key()[key].config
+        steps = set(range(0, c["max_steps"] + 1, c["probe_every"])) | {c["max_steps"]}
+        return len(steps)
+
+
+def trial_key(depth: int, init: str, arm: str, seed: int) -> str:
+    return f"d{depth}-{init}-{arm}-s{seed}"
+
+
+# ---------------------------------------------------------------------- loading
+def load_spec_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML (.yaml/.yml) or TOML (.toml) spec file into a dict."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(f"spec file {str(p)!r} not found")
+    text = p.read_text()
+    try:
+        if p.suffix == ".toml":
+            if sys.version_info >= (3, 11):
+                import tomllib
+            else:  # pragma: no cover
+                import tomli as tomllib
+            data = tomllib.loads(text)
+        else:
+            data = yaml.safe_load(text)
+    except Exception as e:  # yaml/toml parse errors carry the line number
+        raise SpecError(f"spec file {str(p)!r}: cannot parse: {e}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"spec file {str(p)!r}: expected a mapping at the top level")
+    return data
+
+
+def _parse_value(raw: str) -> Any:
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+
+
+def apply_sets(spec: dict[str, Any], sets: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """Apply ``--set`` items to a raw spec.
+
+    ``key=value`` with a plain TrialConfig key goes to ``trial.overrides``; a dotted key
+    addresses the spec itself (``grid.seeds=3``, ``interventions.arms=[hold]``,
+    ``trial.preset=cpu``). Values are read as YAML (``3``, ``[1, 2]``, ``true``).
+    """
+    spec = copy.deepcopy(spec)
+    for item in sets:
+        if "=" not in item:
+            raise SpecError(f"--set {item!r}: expected key=value")
+        key, raw = (s.strip() for s in item.split("=", 1))
+        if "." in key:
+            path = key.split(".")
+            check_keys({path[0]: None}, SPEC_KEYS, what="spec key")
+            node = spec
+            for part in path[:-1]:
+                node = node.setdefault(part, {})
+                if not isinstance(node, dict):
+                    raise SpecError(f"--set {key}: {part!r} is not a section")
+            node[path[-1]] = _parse_value(raw)
+        else:
+            check_keys({key: None}, TrialConfig.field_names(), what="--set key")
+            trial = spec.setdefault("trial", {})
+            # keep the raw string: TrialConfig coerces it with the field's own type
+            trial.setdefault("overrides", {})[key] = raw
+    return spec
+
+
+def _seeds(value: Any, where: str) -> list[int]:
+    if isinstance(value, bool):
+        raise SpecError(f"{where}: expected an int count or a list of ints, got {value!r}")
+    if isinstance(value, int):
+        if value < 1:
+            raise SpecError(f"{where}: a seed count must be >= 1, got {value}")
+        return list(range(value))
+    return _int_list(value, where)
+
+
+def _int_list(value: Any, where: str) -> list[int]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise SpecError(f"{where}: expected a non-empty list of ints, got {value!r}")
+    for v in value:
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise SpecError(f"{where}: expected ints, got {v!r}")
+    if len(set(value)) != len(value):
+        raise SpecError(f"{where}: duplicate values in {value}")
+    return list(value)
+
+
+def _str_list(value: Any, where: str, choices: tuple[str, ...]) -> list[str]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise SpecError(f"{where}: expected a non-empty list, got {value!r}")
+    for v in value:
+        if v not in choices:
+            raise SpecError(f"{where}: unknown value {v!r}; choose from {', '.join(choices)}")
+    if len(set(value)) != len(value):
+        raise SpecError(f"{where}: duplicate values in {value}")
+    return list(value)
+
+
+def _section(spec: dict[str, Any], key: str, valid: list[str]) -> dict[str, Any] | None:
+    sec = spec.get(key)
+    if sec is None:
+        return None
+    if not isinstance(sec, dict):
+        raise SpecError(f"{key}: expected a mapping, got {type(sec).__name__}")
+    check_keys(sec, valid, what=f"key in {key!r}")
+    return sec
+
+
+def _config(base: dict[str, Any], overrides: dict[str, Any], where: str,
+            **grid: Any) -> dict[str, Any]:
+    d = dict(base)
+    d.update(overrides)
+    d.update(grid)
+    if d.get("target_mode") == "baseline_fraction" and d.get("arm") != "none" \
+            and not d.get("baseline_pr"):
+        d["baseline_pr"] = _PLACEHOLDER_PR
+    try:
+        return TrialConfig.from_dict(d).to_dict()
+    except ConfigError as e:
+        raise SpecError(f"{where}: {e}") from None
+
+
+def build_plan(spec: dict[str, Any], *, name: str | None = None, data: str | None = None,
+               sets: list[str] | tuple[str, ...] = ()) -> SweepPlan:
+    """Validate a raw spec (after ``--set`` and ``--data``) and expand it into trials."""
+    if not isinstance(spec, dict):
+        raise SpecError("spec: expected a mapping")
+    spec = apply_sets(spec, sets)
+    check_keys(spec, SPEC_KEYS, what="spec key")
+    trial = _section(spec, "trial", TRIAL_KEYS) or {}
+    base_name = trial.get("preset", "smoke")
+    if base_name not in PRESETS:
+        raise SpecError(f"trial.preset: unknown preset {base_name!r}; choose from "
+                        f"{', '.join(PRESETS)}")
+    overrides = trial.get("overrides") or {}
+    if not isinstance(overrides, dict):
+        raise SpecError("trial.overrides: expected a mapping of TrialConfig keys")
+    overrides = dict(overrides)
+    check_keys(overrides, TrialConfig.field_names(), what="key in 'trial.overrides'")
+    for k in GRID_KEYS:
+        if k in overrides:
+            raise SpecError(f"trial.overrides.{k}: set by the sweep grid; use grid.depths, "
+                            "grid.inits, interventions.arms or the seeds lists instead")
+    if data is not None:
+        overrides["dataset"] = str(data)
+    base = TrialConfig(**PRESETS[base_name]).to_dict()
+
+    trials: dict[str, TrialSpec] = {}
+    grid = _section(spec, "grid", GRID_SECTION_KEYS)
+    if grid is not None:
+        for k in GRID_SECTION_KEYS:
+            if k not in grid:
+                raise SpecError(f"grid.{k}: missing")
+        depths = _int_list(grid["depths"], "grid.depths")
+        inits = _str_list(grid["inits"], "grid.inits", INITS)
+        seeds = _seeds(grid["seeds"], "grid.seeds")
+        for depth in depths:
+            for init in inits:
+                for seed in seeds:
+                    key = trial_key(depth, init, "none", seed)
+                    cfg = _config(base, overrides, f"grid trial {key}", n_layer=depth,
+                                  init=init, arm="none", seed=seed)
+                    trials[key] = TrialSpec(key, cfg, depth, init, "none", seed)
+
+    arm_trials: list[TrialSpec] = []
+    inter = _section(spec, "interventions", INTERVENTION_KEYS)
+    if inter is not None:
+        for k in ("depth", "init", "arms", "seeds"):
+            if k not in inter:
+                raise SpecError(f"interventions.{k}: missing")
+        depth = inter["depth"]
+        if not isinstance(depth, int) or isinstance(depth, bool):
+            raise SpecError(f"interventions.depth: expected an int, got {depth!r}")
+        init = inter["init"]
+        if init not in INITS:
+            raise SpecError(f"interventions.init: unknown init {init!r}; choose from "
+                            f"{', '.join(INITS)}")
+        arms = _str_list(inter["arms"], "interventions.arms", ARMS)
+        seeds = _seeds(inter["seeds"], "interventions.seeds")
+        arm_over = inter.get("arm_overrides") or {}
+        if not isinstance(arm_over, dict):
+            raise SpecError("interventions.arm_overrides: expected a mapping arm -> overrides")
+        check_keys(arm_over, list(ARMS), what="arm in 'interventions.arm_overrides'")
+        for arm, ov in arm_over.items():
+            if not isinstance(ov, dict):
+                raise SpecError(f"interventions.arm_overrides.{arm}: expected a mapping")
+            check_keys(ov, TrialConfig.field_names(),
+                       what=f"key in 'interventions.arm_overrides.{arm}'")
+            for k in GRID_KEYS:
+                if k in ov:
+                    raise SpecError(f"interventions.arm_overrides.{arm}.{k}: set by the sweep")
+        if arm_over.get("none"):
+            raise SpecError("interventions.arm_overrides.none: the baseline is shared with the "
+                            "grid and takes the trial overrides only")
+        for seed in seeds:
+            bkey = trial_key(depth, init, "none", seed)
+            if bkey not in trials:  # the shared baseline, added once
+                cfg = _config(base, overrides, f"baseline trial {bkey}", n_layer=depth,
+                              init=init, arm="none", seed=seed)
+                trials[bkey] = TrialSpec(bkey, cfg, depth, init, "none", seed)
+            for arm in arms:
+                if arm == "none":
+                    continue
+                key = trial_key(depth, init, arm, seed)
+                cfg = _config(base, {**overrides, **arm_over.get(arm, {})},
+                              f"intervention trial {key}", n_layer=depth, init=init, arm=arm,
+                              seed=seed)
+                needs = cfg["target_mode"] == "baseline_fraction"
+                arm_trials.append(TrialSpec(key, cfg, depth, init, arm, seed,
+                                            baseline_key=bkey, needs_baseline=needs))
+    if not trials and not arm_trials:
+        raise SpecError("spec: no trials; give a 'grid' and/or an 'interventions' section")
+
+    sweep_name = name or spec.get("name") or base_name
+    if not isinstance(sweep_name, str) or not sweep_name.replace("-", "").replace(
+            "_", "").replace(".", "").isalnum():
+        raise SpecError(f"name: {sweep_name!r} must be letters, digits, '-', '_' or '.'")
+    normalised = json.loads(json.dumps(spec))  # plain JSON types for the database
+    normalised["name"] = sweep_name
+    return SweepPlan(sweep_name, normalised, list(trials.values()) + arm_trials)
+
+
+def plan_from(preset: str | None = None, spec_file: str | Path | None = None, *,
+              name: str | None = None, data: str | None = None,
+              sets: list[str] | tuple[str, ...] = ()) -> SweepPlan:
+    """The CLI entry: a sweep preset or a spec file (not both), then ``--set``/``--data``."""
+    if preset is not None and spec_file is not None:
+        raise SpecError("give either --preset or --spec, not both")
+    if spec_file is not None:
+        spec = load_spec_file(spec_file)
+    else:
+        preset = preset or "smoke"
+        if preset not in SWEEP_PRESETS:
+            raise SpecError(f"unknown sweep preset {preset!r}; choose from "
+                            f"{', '.join(SWEEP_PRESETS)}")
+        spec = copy.deepcopy(SWEEP_PRESETS[preset])
+    return build_plan(spec, name=name, data=data, sets=sets)
+
+
+def fill_baseline_pr(config: dict[str, Any], pr_rows: list[tuple[int, int, float]]
+                     ) -> dict[str, Any]:
+    """Return ``config`` with ``baseline_pr`` built from (step, layer, pr_wk) rows."""
+    by_step: dict[int, dict[int, float]] = {}
+    for step, layer, value in pr_rows:
+        by_step.setdefault(int(step), {})[int(layer)] = float(value)
+    n_layer = config["n_layer"]
+    traj = []
+    for step in sorted(by_step):
+        layers = by_step[step]
+        if len(layers) != n_layer:
+            continue
+        traj.append([step, [layers[i] for i in range(n_layer)]])
+    if not traj:
+        raise SpecError("baseline_pr: the paired baseline has no layer-level pr_wk rows")
+    out = dict(config)
+    out["baseline_pr"] = traj
+    TrialConfig.from_dict(out)
+    return out
