@@ -1,0 +1,244 @@
+"""The pure statistics against scipy and against hand computations on tiny cases."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import scipy.stats as ss
+
+from qkgeom import stats as S
+
+# --------------------------------------------------------------------------- sign test
+
+
+def test_sign_test_five_positive_is_one_over_32():
+    r = S.sign_test([0.1, 0.2, 0.3, 0.4, 0.5])
+    assert (r.n, r.n_positive, r.n_negative) == (5, 5, 0)
+    assert r.p_value == 1 / 32
+
+
+def test_sign_test_hand_cases():
+    # 4 of 5 positive: P(X >= 4) = (5 + 1) / 32
+    assert S.sign_test([1, 1, 1, 1, -1]).p_value == 6 / 32
+    # all negative: P(X >= 0) = 1
+    assert S.sign_test([-1, -2, -3]).p_value == 1.0
+    # 54 of 54: the paper's 2^-54
+    assert S.sign_test(np.ones(54)).p_value == 2.0**-54
+
+
+def test_sign_test_zeros_and_nonfinite_are_excluded_and_counted():
+    r = S.sign_test([1.0, 0.0, 2.0, math.nan, math.inf, -0.5])
+    assert (r.n, r.n_positive, r.n_negative, r.n_zero, r.n_dropped) == (3, 2, 1, 1, 2)
+    assert r.p_value == 4 / 8
+
+
+def test_sign_test_predicted_negative():
+    r = S.sign_test([-1, -2, -3, 4], predicted_sign=-1)
+    assert r.n_positive == 3
+    assert r.p_value == 5 / 16
+
+
+def test_sign_test_empty():
+    r = S.sign_test([])
+    assert r.n == 0 and r.p_value == 1.0
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 13, 36, 54, 200])
+def test_sign_test_matches_binomtest(n):
+    rng = np.random.default_rng(n)
+    for _ in range(5):
+        d = rng.normal(0.2, 1, n)
+        r = S.sign_test(d)
+        ref = ss.binomtest(int((d > 0).sum()), n, 0.5, alternative="greater").pvalue
+        assert abs(r.p_value - ref) <= 1e-12 * max(1.0, ref)
+        assert r.to_dict()["n"] == n
+
+
+def test_sign_test_rejects_bad_sign():
+    with pytest.raises(ValueError):
+        S.sign_test([1], predicted_sign=0)
+
+
+# --------------------------------------------------------------------------- slopes
+
+
+def test_slopes_exact_lines_and_summary():
+    p = [np.linspace(0, 1, 11)] * 3
+    v = [2 + 0.14 * p[0], 5 - 0.04 * p[0], 1 + 0 * p[0]]
+    r = S.slopes(p, v)
+    assert np.allclose(r.slopes, [0.14, -0.04, 0.0], atol=1e-12)
+    assert np.allclose(r.intercepts, [2, 5, 1])
+    assert r.n == 3 and r.n_positive == 1
+    assert r.mean == pytest.approx(0.1 / 3)
+    assert r.median == pytest.approx(0.0, abs=1e-12)
+    assert r.share_positive == pytest.approx(1 / 3)
+
+
+def test_slopes_match_linregress_and_ragged():
+    rng = np.random.default_rng(0)
+    ps = [np.sort(rng.uniform(0, 1, k)) for k in (5, 9, 30)]
+    vs = [rng.normal(size=len(p)) + 0.3 * p for p in ps]
+    r = S.slopes(ps, vs)
+    for b, p, v in zip(r.slopes, ps, vs):
+        assert abs(b - ss.linregress(p, v).slope) < 1e-12
+    assert r.sd == pytest.approx(np.std(r.slopes, ddof=1))
+
+
+def test_slopes_undefined_trajectory():
+    r = S.slopes([[0.5], [0, 1]], [[3.0], [0, 2]])
+    assert math.isnan(r.slopes[0]) and r.slopes[1] == 2
+    assert r.n == 1 and r.n_undefined == 1 and math.isnan(r.sd)
+
+
+# --------------------------------------------------------------------------- bootstrap
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("n", [5, 8, 20])
+def test_directional_matches_scipy_bootstrap(seed, n):
+    d = np.random.default_rng(100 + seed).normal(-0.2, 0.3, n)
+    r = S.directional_confidence(d, predicted_sign=-1, rng=np.random.default_rng(seed))
+    for method, lo, hi in (("BCa", r.ci_low, r.ci_high), ("percentile", r.pct_low, r.pct_high)):
+        ref = ss.bootstrap((d,), np.mean, n_resamples=10_000, method=method,
+                           rng=np.random.default_rng(seed)).confidence_interval
+        assert abs(lo - ref.low) < 1e-12 and abs(hi - ref.high) < 1e-12, method
+    ref = ss.bootstrap((d,), np.mean, n_resamples=10_000, method="BCa",
+                       rng=np.random.default_rng(seed))
+    np.testing.assert_array_equal(r.boot_means, ref.bootstrap_distribution)
+    assert abs(r.boot_se - ref.standard_error) < 1e-12
+    dc = (np.asarray(ref.bootstrap_distribution) < 0).mean()
+    assert r.directional_confidence == dc
+
+
+def test_bca_acceleration_by_hand():
+    x = np.array([1.0, 2.0, 4.0, 8.0])
+    jack = np.array([(x.sum() - xi) / 3 for xi in x])
+    u = 3 * (jack.mean() - jack)
+    a_hand = (u**3).sum() / 4**3 / (6 * ((u**2).sum() / 4**2) ** 1.5)
+    boot = S.bootstrap_means(x, 10_000, np.random.default_rng(0))
+    *_, a = S.bca_interval(x, boot)
+    assert a == pytest.approx(a_hand, abs=1e-14)
+
+
+def test_directional_all_positive_five_seeds():
+    d = [0.31, 0.25, 0.4, 0.28, 0.33]
+    r = S.directional_confidence(d, predicted_sign=1, rng=np.random.default_rng(7))
+    assert r.n_seeds == 5 and r.n_agree == 5
+    assert r.sign_test_p == 1 / 32
+    assert r.directional_confidence == 1.0
+    assert r.mean_delta == pytest.approx(np.mean(d))
+    assert 0.25 <= r.ci_low < r.mean_delta < r.ci_high <= 0.4
+    # the wrong prediction gets zero confidence and p = 1
+    w = S.directional_confidence(d, predicted_sign=-1, rng=np.random.default_rng(7))
+    assert w.directional_confidence == 0.0 and w.sign_test_p == 1.0
+
+
+def test_directional_is_reproducible_and_seed_sensitive():
+    d = np.random.default_rng(3).normal(0.1, 0.3, 5)
+    a = S.directional_confidence(d, predicted_sign=1, rng=np.random.default_rng(9)).to_dict()
+    b = S.directional_confidence(d, predicted_sign=1, rng=np.random.default_rng(9)).to_dict()
+    c = S.directional_confidence(d, predicted_sign=1, rng=np.random.default_rng(10)).to_dict()
+    assert a == b
+    assert a["boot_se"] != c["boot_se"]  # (5-seed quantiles often coincide)
+    assert "boot_means" not in a
+
+
+def test_directional_degenerate_and_invalid():
+    r = S.directional_confidence([0.2, 0.2, 0.2], predicted_sign=1,
+                                 rng=np.random.default_rng(0))
+    assert r.ci_low == r.ci_high == pytest.approx(0.2)
+    assert r.directional_confidence == 1.0
+    with pytest.raises(ValueError, match="n_boot"):
+        S.directional_confidence([1, 2], predicted_sign=1, rng=np.random.default_rng(0),
+                                 n_boot=999)
+    with pytest.raises(ValueError, match="at least 2"):
+        S.directional_confidence([1, math.nan], predicted_sign=1,
+                                 rng=np.random.default_rng(0))
+
+
+# --------------------------------------------------------------------------- Spearman
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_spearman_matches_scipy(ties):
+    rng = np.random.default_rng(1)
+    for n in (3, 10, 257):
+        x = rng.integers(0, 4, n).astype(float) if ties else rng.normal(size=n)
+        y = x + rng.normal(size=n)
+        assert abs(S.spearman(x, y) - ss.spearmanr(x, y).statistic) < 1e-12
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_spearman_ci_matches_scipy_paired_bootstrap(ties):
+    rng = np.random.default_rng(2)
+    n = 40
+    x = rng.integers(0, 6, n).astype(float) if ties else rng.normal(size=n)
+    y = -x + rng.normal(size=n)
+    r = S.spearman_ci(x, y, n_boot=500, rng=np.random.default_rng(11))
+    ref = ss.bootstrap((x, y), lambda a, b: ss.spearmanr(a, b).statistic, paired=True,
+                       vectorized=False, n_resamples=500, method="percentile",
+                       rng=np.random.default_rng(11)).confidence_interval
+    assert abs(r.rho - ss.spearmanr(x, y).statistic) < 1e-12
+    assert abs(r.ci_low - ref.low) < 1e-12 and abs(r.ci_high - ref.high) < 1e-12
+
+
+def test_resample_ranks_equal_rankdata():
+    rng = np.random.default_rng(4)
+    for n in (1, 2, 7, 100):
+        x = rng.integers(0, 3, n).astype(float)
+        y = rng.normal(size=n)
+        order = np.argsort(x, kind="stable")
+        rx, ry = S._WeightedRanks(x[order]), S._WeightedRanks(y[order])
+        pos = np.empty(n, dtype=np.intp)
+        pos[order] = np.arange(n)
+        for _ in range(5):
+            idx = rng.integers(0, n, n)
+            w = np.bincount(pos[idx], minlength=n)
+            for rk, v in ((rx, x), (ry, y)):
+                got = rk(w, n)
+                want = ss.rankdata(v[idx])
+                # the ranker returns 2 * (rank - mean rank) per original point
+                exp = np.zeros(n)
+                exp[pos[idx]] = 2 * (want - (n + 1) / 2)
+                np.testing.assert_array_equal(got[w > 0], exp[w > 0])
+
+
+def test_spearman_ci_small_and_nonfinite():
+    r = S.spearman_ci([1, 2, math.nan], [1, 2, 3], n_boot=100, rng=np.random.default_rng(0))
+    assert r.n == 2 and r.n_dropped == 1 and math.isnan(r.rho)
+    r = S.spearman_ci([1, 2, 3, 4], [4, 3, 2, 1], n_boot=200, rng=np.random.default_rng(0))
+    assert r.rho == -1.0
+    assert r.ci_high == -1.0  # every defined resample is perfectly decreasing
+    assert r.n_boot_undefined > 0  # some resamples repeat one point only
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def test_checkpoint_trend_rise_then_decay():
+    steps = [0, 1000, 2000, 4000, 8000, 16000, 32000]
+    vals = [0.0, 1.0, 2.0, 3.0, 2.5, 1.0, 0.5]
+    r = S.checkpoint_trend(steps, vals)
+    assert r.peak_step == 4000 and r.peak_index == 3
+    assert r.rho_early == 1.0 and r.rho_late == -1.0
+    assert r.rises_then_decays and r.monotonic_early
+    assert abs(r.rho - ss.spearmanr(steps, vals).statistic) < 1e-12
+
+
+def test_checkpoint_trend_monotonic_and_unsorted_input():
+    r = S.checkpoint_trend([3, 1, 2, 0], [3.0, 1.0, 2.0, 0.0])
+    assert r.rho == 1.0 and r.peak_step == 3
+    assert math.isnan(r.rho_late) and not r.rises_then_decays
+    assert r.steps == [0, 1, 2, 3]
+
+
+def test_checkpoint_trend_edge_cases():
+    assert S.checkpoint_trend([], []).n_checkpoints == 0
+    r = S.checkpoint_trend([5], [1.0])
+    assert r.peak_step == 5 and math.isnan(r.rho)
+    with pytest.raises(ValueError, match="duplicate"):
+        S.checkpoint_trend([1, 1, 2], [1, 2, 3])
+    r = S.checkpoint_trend([0, 1, 2, 3], [1.0, math.nan, 2.0, 3.0])
+    assert r.n_checkpoints == 3
