@@ -216,8 +216,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         probe_batch=4, lr=3e-3, min_lr=3e-4, threads=1,
     ),
     "cpu": dict(
-        n_layer=4, n_embd=64, n_head=4, block_size=64, batch_size=32, max_steps=600,
-        warmup_steps=30, probe_every=100, eval_every=100, eval_batches=4, test_batches=16,
+        n_layer=4, n_embd=64, n_head=4, block_size=64, batch_size=32, max_steps=1500,
+        warmup_steps=50, probe_every=100, eval_every=100, eval_batches=4, test_batches=16,
         probe_batch=8, lr=3e-3, min_lr=3e-4, threads=1,
     ),
     "paper": dict(
