@@ -1,0 +1,1 @@
+"""Alembic migrations of the qkgeom results database (installed as ``qkgeom.migrations``)."""

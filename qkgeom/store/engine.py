@@ -1,0 +1,209 @@
+"""Database URLs and engines: which database, how to connect, and what errors look like.
+
+* :func:`resolve_url` picks the URL (``--db``, else ``$QKGEOM_DB``, else
+  :data:`DEFAULT_URL`) and validates it; a bare path means a SQLite file.
+* :func:`safe_url` masks the password; every message and log line uses it.
+* :func:`make_engine` opens SQLite with WAL, a 30 s busy timeout and foreign keys on, and
+  PostgreSQL through psycopg 3 with a connect timeout, so a dead server errors in seconds.
+
+SQLite transactions: pysqlite's own implicit BEGIN is switched off and we emit ``BEGIN``
+ourselves, ``BEGIN IMMEDIATE`` on write connections (execution option
+``qkgeom_write=True``). A deferred transaction that reads and then writes can fail at once
+with "database is locked" when another process wrote in between (the busy handler is not
+consulted for that upgrade); taking the write lock up front makes concurrent writers
+queue on the busy timeout instead.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from qkgeom.errors import QkgeomError
+
+DEFAULT_URL = "sqlite:///qkgeom.db"  # a file in the current directory
+EXAMPLE_URLS = "sqlite:///runs/qkgeom.db, or postgresql+psycopg://user:password@host:5432/qkgeom"
+SQLITE_MAGIC = b"SQLite format 3\x00"
+BUSY_TIMEOUT_S = 30
+PG_CONNECT_TIMEOUT_S = 5
+
+
+class DatabaseError(QkgeomError):
+    """The database could not be opened, read or written."""
+
+
+class UrlError(DatabaseError):
+    """A database URL that cannot be used."""
+
+
+def safe_url(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (also for URLs that do not parse)."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
+
+
+def resolve_url(db: str | None) -> str:
+    """The database URL to use: ``db``, else ``$QKGEOM_DB``, else :data:`DEFAULT_URL`.
+
+    A value without ``://`` is a path to a SQLite file. ``postgresql://`` and
+    ``postgres://`` mean ``postgresql+psycopg://`` (psycopg 3). Raises :class:`UrlError`
+    naming the problem and an example for anything else.
+    """
+    from sqlalchemy.engine import make_url
+
+    raw = (db or "").strip() or os.environ.get("QKGEOM_DB", "").strip() or DEFAULT_URL
+    if "://" not in raw:
+        # "sqlite:/x.db" or "postgresql:host" are typos of URLs, not file names
+        if re.match(r"^[A-Za-z][A-Za-z0-9+.\-]+:", raw):
+            raise UrlError(
+                f"malformed database URL {safe_url(raw)!r}: missing '://'; "
+                f"expected e.g. {EXAMPLE_URLS}"
+            )
+        return "sqlite:///" + raw
+    try:
+        u = make_url(raw)
+        u.port  # noqa: B018  (a non-numeric port raises here)
+    except Exception as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if isinstance(e, ValueError) and "int()" in reason:
+            reason = "the port is not a number"
+        raise UrlError(
+            f"malformed database URL {safe_url(raw)!r}: {reason}; expected e.g. {EXAMPLE_URLS}"
+        ) from None
+    backend, _, driver = u.drivername.partition("+")
+    if backend == "sqlite":
+        if driver not in ("", "pysqlite"):
+            raise UrlError(f"unsupported SQLite driver {driver!r} in {safe_url(raw)!r}; use sqlite:///PATH")
+        return u.set(drivername="sqlite").render_as_string(hide_password=False)
+    if backend in ("postgresql", "postgres"):
+        if driver not in ("", "psycopg"):
+            raise UrlError(
+                f"unsupported PostgreSQL driver {driver!r} in {safe_url(raw)!r}: qkgeom uses "
+                "psycopg 3; write postgresql+psycopg://user:password@host:5432/db"
+            )
+        return u.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+    raise UrlError(
+        f"unsupported database {backend!r} in {safe_url(raw)!r}: qkgeom stores results in "
+        f"SQLite or PostgreSQL, e.g. {EXAMPLE_URLS}"
+    )
+
+
+def backend_of(url: str) -> str:
+    """``"sqlite"`` or ``"postgresql"`` for a URL from :func:`resolve_url`."""
+    return "sqlite" if url.startswith("sqlite") else "postgresql"
+
+
+def sqlite_path(url: str) -> str | None:
+    """The file of a SQLite URL; None for an in-memory database."""
+    from sqlalchemy.engine import make_url
+
+    db = make_url(url).database
+    return None if db in (None, "", ":memory:") else db
+
+
+def check_sqlite_file(url: str, *, create: bool) -> None:
+    """Refuse a file that is not a SQLite database before SQLite ever touches it."""
+    path = sqlite_path(url)
+    if path is None:
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise DatabaseError(f"{path} is a directory, not a SQLite database file")
+    if p.exists():
+        if p.stat().st_size == 0:
+            return  # SQLite treats an empty file as an empty database
+        try:
+            with open(p, "rb") as f:
+                head = f.read(len(SQLITE_MAGIC))
+        except OSError as e:
+            raise DatabaseError(f"cannot read {path}: {e.strerror}") from None
+        if head != SQLITE_MAGIC:
+            raise DatabaseError(
+                f"{path} is not a SQLite database (it does not start with 'SQLite format 3'); "
+                "give a qkgeom database file or a new path"
+            )
+        return
+    if not create:
+        raise DatabaseError(
+            f"no database at {path}; create one with: qkgeom db upgrade --db {safe_url(url)}"
+        )
+    p.parent.mkdir(parents=True, exist_ok=True)
+
+
+def make_engine(url: str, *, create: bool = True, readonly: bool = False,
+                foreign_keys: bool = True) -> Any:
+    """A SQLAlchemy engine for a URL from :func:`resolve_url` (connects lazily).
+
+    ``readonly``: every connection refuses writes at the database level (SQLite
+    ``PRAGMA query_only``; PostgreSQL ``default_transaction_read_only``).
+    ``foreign_keys=False`` is for migrations: SQLite's batch mode rebuilds tables, and
+    dropping a parent table with foreign keys on would cascade-delete its children.
+    """
+    from sqlalchemy import create_engine, event
+    from sqlalchemy.pool import StaticPool
+
+    if backend_of(url) == "sqlite":
+        check_sqlite_file(url, create=create)
+        memory = sqlite_path(url) is None
+        kw: dict[str, Any] = {"connect_args": {"timeout": BUSY_TIMEOUT_S}}
+        if memory:
+            kw.update(poolclass=StaticPool, connect_args={"check_same_thread": False})
+        engine = create_engine(url, **kw)
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+            dbapi_conn.isolation_level = None  # we emit BEGIN ourselves (see module doc)
+            cur = dbapi_conn.cursor()
+            try:
+                if not memory and not readonly:
+                    cur.execute("PRAGMA journal_mode=WAL")
+                cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_S * 1000}")
+                cur.execute(f"PRAGMA foreign_keys={'ON' if foreign_keys else 'OFF'}")
+                cur.execute("PRAGMA synchronous=NORMAL")  # safe with WAL; no fsync per commit
+                if readonly:
+                    cur.execute("PRAGMA query_only=ON")
+            finally:
+                cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn: Any) -> None:
+            write = conn.get_execution_options().get("qkgeom_write", False)
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+        return engine
+
+    from sqlalchemy.engine import make_url
+
+    u = make_url(url)
+    connect_args: dict[str, Any] = {"application_name": "qkgeom"}
+    if "connect_timeout" not in u.query:
+        connect_args["connect_timeout"] = PG_CONNECT_TIMEOUT_S
+    if readonly:
+        connect_args["options"] = "-c default_transaction_read_only=on"
+    return create_engine(url, connect_args=connect_args, pool_pre_ping=True)
+
+
+def describe_db_error(e: BaseException, url: str) -> str:
+    """One line from a DBAPI/SQLAlchemy error, with any password scrubbed."""
+    orig = getattr(e, "orig", None) or e
+    text = " ".join(line.strip() for line in str(orig).splitlines() if line.strip())
+    text = text or type(orig).__name__
+    from sqlalchemy.engine import make_url
+
+    try:
+        pw = make_url(url).password
+    except Exception:
+        pw = None
+    if pw:
+        text = text.replace(str(pw), "***")
+    return text
+
+
+def connect_error(e: BaseException, url: str) -> DatabaseError:
+    return DatabaseError(f"cannot open database {safe_url(url)}: {describe_db_error(e, url)}")
