@@ -673,3 +673,41 @@ def fmt(v: Any, digits: int = 4) -> str:
             return f"{v:.{digits - 1}e}"
         return f"{v:.{digits}f}"
     return str(v)
+
+
+# --------------------------------------------------------------------------- plot inputs
+
+
+def trajectory_frame(store: Any, sweep: str, *, finished_only: bool = True) -> pl.DataFrame:
+    """Long trajectories for plotting: depth, init, layer, metric (pr_q/pr_k), step,
+    progress, value (mean over seeds), n_seeds."""
+    u = pr_gap_units(store, sweep, level="trajectory", finished_only=finished_only)
+    return u.unpivot(on=["pr_q", "pr_k"], index=["depth", "init", "layer", "step", "progress",
+                                                  "n_seeds"],
+                     variable_name="metric", value_name="value")
+
+
+def intervention_frame(store: Any, sweep: str, *,
+                       metrics: tuple[str, ...] = ("entropy", "pr_wk", "pr_k"),
+                       baseline: str = BASELINE_ARM, finished_only: bool = True
+                       ) -> pl.DataFrame:
+    """Per trial and probe, each metric averaged over layers, for the intervention cells:
+    depth, init, arm, seed, trial_id, step, progress, metric, value."""
+    t_all = trials(store, sweep)
+    arms = sorted(set(t_all["arm"].to_list()) - {baseline})
+    if not arms:
+        raise AnalysisError(
+            f"sweep {sweep!r} has no intervention arms (only arm {baseline!r}, "
+            f"{t_all.height} trials); run an intervention sweep with arms hold/shrink")
+    t = _select_trials(store, sweep, finished_only=finished_only)
+    cells = t.filter(pl.col("arm") != baseline).select("depth", "init").unique()
+    t = t.join(cells, on=["depth", "init"])
+    vals = layer_values(store, t["trial_id"].to_list(), list(metrics))
+    if vals.height == 0:
+        raise AnalysisError(f"sweep {sweep!r} has no {', '.join(metrics)} values for its "
+                            "intervention trials")
+    m = vals.with_columns(pl.col("value").fill_nan(None)).group_by(
+        ["trial_id", "step", "metric"]).agg(pl.col("progress").mean(), pl.col("value").mean())
+    return m.join(t.select("trial_id", "depth", "init", "arm", "seed"), on="trial_id").select(
+        "depth", "init", "arm", "seed", "trial_id", "step", "progress", "metric", "value").sort(
+        ["arm", "seed", "metric", "step"])

@@ -1,3 +1,378 @@
-"""CLI commands (stats); owner fills in."""
+"""``qkgeom stats ...``, ``qkgeom plot ...`` and ``qkgeom report``: the study's verdicts.
+
+Thin: parse options, open the database read-only, call :mod:`qkgeom.analysis` /
+:mod:`qkgeom.plots` / :mod:`qkgeom.report`, print. ``--format json`` prints exactly one
+JSON object (NaN and infinities as null); the same ``--seed`` gives byte-identical output.
+"""
 
 from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import click
+
+from qkgeom.cli import main
+from qkgeom.cli.common import user_errors
+
+DB_HELP = "database URL or SQLite file (default: $QKGEOM_DB, else sqlite:///qkgeom.db)"
+SWEEP_HELP = "sweep name (optional when the database holds exactly one sweep)"
+
+
+def db_option(f: Callable) -> Callable:
+    return click.option("--db", "db", default=None, metavar="URL", help=DB_HELP)(f)
+
+
+def sweep_options(f: Callable) -> Callable:
+    f = click.option("--include-unfinished", is_flag=True,
+                     help="also use trials that have not terminated (partial runs)")(f)
+    f = click.option("--sweep", default=None, metavar="NAME", help=SWEEP_HELP)(f)
+    return db_option(f)
+
+
+def format_option(f: Callable) -> Callable:
+    return click.option("--format", "fmt", type=click.Choice(["table", "json"]),
+                        default="table", show_default=True, help="output format")(f)
+
+
+@contextmanager
+def _store(db: str | None) -> Iterator[Any]:
+    from qkgeom.store import open_store
+
+    store = open_store(db, create=False, readonly=True)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def _clean(v: Any) -> Any:
+    """JSON-safe: NaN/inf -> None, tuples -> lists, numpy scalars -> Python."""
+    if isinstance(v, dict):
+        return {str(k): _clean(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_clean(x) for x in v]
+    if hasattr(v, "item") and not isinstance(v, (str, bytes)):
+        v = v.item()
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def print_json(obj: dict[str, Any]) -> None:
+    click.echo(json.dumps(_clean(obj), indent=2, allow_nan=False))
+
+
+def table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None,
+          headers: Sequence[str] | None = None) -> str:
+    """A plain aligned text table (numbers right-aligned)."""
+    from qkgeom.analysis import fmt
+
+    if not rows:
+        return "(no rows)"
+    cols = list(columns or rows[0].keys())
+    heads = list(headers or cols)
+    cells = [[fmt(r.get(c)) for c in cols] for r in rows]
+    num = [all(isinstance(r.get(c), (int, float)) and not isinstance(r.get(c), bool)
+               for r in rows) for c in cols]
+    widths = [max(len(h), *(len(row[i]) for row in cells)) for i, h in enumerate(heads)]
+
+    def line(vals: Sequence[str]) -> str:
+        return "  ".join(v.rjust(w) if n else v.ljust(w)
+                         for v, w, n in zip(vals, widths, num)).rstrip()
+
+    out = [line(heads), line(["-" * w for w in widths])]
+    out += [line(r) for r in cells]
+    return "\n".join(out)
+
+
+def _body(f: Callable) -> Callable:
+    """Run the command body under user_errors (library errors -> one-line messages)."""
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with user_errors():
+            return f(*args, **kwargs)
+
+    return wrapper
+
+
+# --------------------------------------------------------------------------- stats
+
+
+@main.group("stats")
+def stats_group() -> None:
+    """The study's statistics, read from the results database (see docs/statistics.md)."""
+
+
+@stats_group.command("sign-test")
+@sweep_options
+@click.option("--summary", type=click.Choice(["final", "mean", "all"]), default="final",
+              show_default=True,
+              help="per-unit summary of PR_Q - PR_K: the final probe, the mean over probes "
+                   "after step 0, or 'all' (positive only if every probe after step 0 is)")
+@click.option("--level", type=click.Choice(["trajectory", "run"]), default="trajectory",
+              show_default=True,
+              help="unit: a (depth, init, layer) curve averaged over seeds, or one run's layer")
+@click.option("--depth", type=int, default=None, help="only this depth")
+@click.option("--init", default=None, help="only this Q/K initialisation")
+@format_option
+@_body
+def sign_test_cmd(db: str | None, sweep: str | None, include_unfinished: bool, summary: str,
+                  level: str, depth: int | None, init: str | None, fmt: str) -> None:
+    """One-sided exact sign test that PR_Q - PR_K > 0 (geometry trials, arm none)."""
+    from qkgeom import analysis as A
+
+    with _store(db) as store:
+        name = A.resolve_sweep(store, sweep)
+        rep = A.sign_test(store, name, summary=summary, level=level, depth=depth, init=init,
+                          finished_only=not include_unfinished)
+    d = rep.to_dict()
+    if fmt == "json":
+        print_json(d)
+        return
+    r = rep.result
+    click.echo(f"Sign test of PR_Q - PR_K > 0: sweep {name}, unit {level}, summary {summary}")
+    click.echo(table(d["by_depth_init"], ["depth", "init", "n", "n_positive", "n_zero",
+                                          "p_value"]))
+    click.echo(f"\noverall: {r.n_positive} of {r.n} positive ({r.n_zero} zero, "
+               f"{r.n_dropped} non-finite left out); one-sided exact binomial "
+               f"p = {A.fmt(r.p_value)}")
+    neg = rep.units.filter(rep.units["value"] <= 0)
+    if neg.height:
+        click.echo(f"units with PR_Q - PR_K <= 0 ({neg.height}):")
+        click.echo(table(neg.head(20).to_dicts()))
+
+
+@stats_group.command("slopes")
+@sweep_options
+@click.option("--level", type=click.Choice(["trajectory", "run"]), default="trajectory",
+              show_default=True, help="unit: trajectory (mean over seeds) or one run's layer")
+@click.option("--depth", type=int, default=None, help="only this depth")
+@click.option("--init", default=None, help="only this Q/K initialisation")
+@format_option
+@_body
+def slopes_cmd(db: str | None, sweep: str | None, include_unfinished: bool, level: str,
+               depth: int | None, init: str | None, fmt: str) -> None:
+    """Least-squares slopes of PR_Q and PR_K against training progress, per unit."""
+    from qkgeom import analysis as A
+
+    with _store(db) as store:
+        name = A.resolve_sweep(store, sweep)
+        rep = A.slopes(store, name, level=level, depth=depth, init=init,
+                       finished_only=not include_unfinished)
+    d = rep.to_dict(with_table=True)
+    if fmt == "json":
+        print_json(d)
+        return
+    click.echo(f"Slopes against training progress (value per unit of step/max_steps): "
+               f"sweep {name}, unit {level}")
+    rows = [{"metric": m.upper().replace("GAP", "PR_Q - PR_K"), **{k: d[m][k] for k in (
+        "n", "mean", "median", "sd", "share_positive")}} for m in ("pr_q", "pr_k", "gap")]
+    click.echo(table(rows))
+    click.echo("\nby depth and init (mean slope):")
+    click.echo(table(d["by_depth_init"]))
+
+
+@stats_group.command("directional-confidence")
+@sweep_options
+@click.option("--arm", required=True, help="intervention arm, e.g. shrink or hold")
+@click.option("--baseline", default="none", show_default=True, help="baseline arm")
+@click.option("--metric", default="entropy", show_default=True, help="metric to compare")
+@click.option("--window", type=click.IntRange(min=1), default=3, show_default=True,
+              help="average over each trial's last N probes")
+@click.option("--boot", type=int, default=10_000, show_default=True,
+              help="bootstrap resamples (at least 10000)")
+@click.option("--seed", type=int, default=0, show_default=True, help="bootstrap rng seed")
+@click.option("--predicted-sign", type=click.Choice(["-1", "1"]), default=None,
+              help="predicted sign of arm - baseline (default: shrink -1, hold +1)")
+@click.option("--per-layer", is_flag=True, help="also break the effect down by layer")
+@format_option
+@_body
+def directional_cmd(db: str | None, sweep: str | None, include_unfinished: bool, arm: str,
+                    baseline: str, metric: str, window: int, boot: int, seed: int,
+                    predicted_sign: str | None, per_layer: bool, fmt: str) -> None:
+    """Paired effect of an intervention arm vs the baseline, with bootstrap confidence.
+
+    Per seed: Delta = metric(arm) - metric(baseline), each the mean over the last --window
+    probes and over layers. Reports the mean Delta, a 95% BCa (and percentile) bootstrap
+    CI, the share of bootstrap means with the predicted sign, and the exact paired sign
+    test; plus the achieved key geometry (W_K weight PR, activation PR_K) vs baseline.
+    """
+    from qkgeom import analysis as A
+
+    with _store(db) as store:
+        name = A.resolve_sweep(store, sweep)
+        rep = A.directional(store, name, arm=arm, baseline=baseline, metric=metric,
+                            window=window, n_boot=boot, seed=seed,
+                            predicted_sign=None if predicted_sign is None else int(predicted_sign),
+                            per_layer=per_layer, finished_only=not include_unfinished)
+    d = rep.to_dict()
+    if fmt == "json":
+        print_json(d)
+        return
+    r = rep.result
+    sign = "lower" if r.predicted_sign < 0 else "higher"
+    click.echo(f"{metric}: arm {arm} vs baseline {baseline} (sweep {name}; mean over the last "
+               f"{window} probes and layers; predicted: {sign})")
+    click.echo(table(d["pairs"]))
+    click.echo(f"\nseeds paired: {r.n_seeds}   mean delta: {A.fmt(r.mean_delta)}   "
+               f"sd: {A.fmt(r.sd_delta)}")
+    click.echo(f"95% CI (BCa): [{A.fmt(r.ci_low)}, {A.fmt(r.ci_high)}]   percentile: "
+               f"[{A.fmt(r.pct_low)}, {A.fmt(r.pct_high)}]   (B = {r.n_boot}, seed {seed})")
+    click.echo(f"directional confidence: {A.fmt(r.directional_confidence)} of bootstrap means "
+               f"are {sign}")
+    click.echo(f"paired sign test: {r.n_agree} of {r.n_seeds} seeds {sign}, one-sided exact "
+               f"p = {A.fmt(r.sign_test_p)}")
+    if rep.per_layer:
+        click.echo("\nper layer:")
+        click.echo(table(rep.per_layer, ["layer", "n_seeds", "mean_delta", "ci_low", "ci_high",
+                                         "directional_confidence", "sign_test_p"]))
+    if rep.key_check:
+        click.echo(f"\nachieved key geometry, arm {arm} vs {baseline} (end of training):")
+        rows = []
+        for m, v in rep.key_check.items():
+            if "error" in v:
+                rows.append({"metric": m, "note": v["error"]})
+            else:
+                rows.append({"metric": m, **{k: v[k] for k in (
+                    "n_seeds", "arm_mean", "baseline_mean", "mean_delta", "relative_delta",
+                    "n_lower", "n_higher")}})
+        click.echo(table(rows))
+    for note in rep.deltas.notes:
+        click.echo(f"note: {note}")
+
+
+@stats_group.command("correlate")
+@sweep_options
+@click.option("--x", "x", required=True, help="metric on the x axis, e.g. pr_k or qk_erank")
+@click.option("--y", "y", required=True, help="metric on the y axis, e.g. entropy")
+@click.option("--arm", default=None, help="only trials of this arm (default: all)")
+@click.option("--boot", type=int, default=1000, show_default=True,
+              help="bootstrap resamples for the CI")
+@click.option("--seed", type=int, default=0, show_default=True, help="bootstrap rng seed")
+@format_option
+@_body
+def correlate_cmd(db: str | None, sweep: str | None, include_unfinished: bool, x: str, y: str,
+                  arm: str | None, boot: int, seed: int, fmt: str) -> None:
+    """Spearman correlation of two metrics across probes and runs, overall and per depth.
+
+    One point per (trial, probe, layer), layer-level values. The CI resamples points as
+    if independent; points of one run are not, so read it as optimistic.
+    """
+    from qkgeom import analysis as A
+
+    with _store(db) as store:
+        name = A.resolve_sweep(store, sweep)
+        rep = A.correlate(store, name, x=x, y=y, n_boot=boot, seed=seed, arm=arm,
+                          finished_only=not include_unfinished)
+    d = rep.to_dict()
+    if fmt == "json":
+        print_json(d)
+        return
+    click.echo(f"Spearman of {y} vs {x}: sweep {name}, one point per (trial, probe, layer)"
+               f"{'' if arm is None else f', arm {arm}'}")
+    rows = [{"depth": "all", **{k: d[k] for k in ("n", "rho", "ci_low", "ci_high")}}]
+    rows += [{"depth": str(r["depth"]), **{k: r[k] for k in ("n", "rho", "ci_low", "ci_high")}}
+             for r in d["by_depth"]]
+    click.echo(table(rows))
+    click.echo(f"(95% bootstrap percentile CI over points, B = {boot}, seed {seed})")
+
+
+@stats_group.command("checkpoint-trend")
+@db_option
+@click.option("--model", required=True, help="pretrained model id as stored, e.g. "
+              "EleutherAI/pythia-160m")
+@format_option
+@_body
+def checkpoint_trend_cmd(db: str | None, model: str, fmt: str) -> None:
+    """Trend of PR_Q - PR_K over a pretrained model's checkpoints, per layer.
+
+    Spearman against step; the peak; and "rises then decays" = Spearman up to the peak > 0
+    and from the peak on < 0 (each over at least 3 checkpoints).
+    """
+    from qkgeom import analysis as A
+
+    with _store(db) as store:
+        rep = A.checkpoint_trend(store, model)
+    d = rep.to_dict()
+    if fmt == "json":
+        print_json(d)
+        return
+    o = rep.overall
+    click.echo(f"PR_Q - PR_K over the checkpoints of {model} ({o.n_checkpoints} checkpoints, "
+               f"{rep.n_layers} layers)")
+    click.echo(table(d["by_layer"], ["layer", "n_checkpoints", "rho", "peak_step", "rho_early",
+                                     "rho_late", "rises_then_decays"]))
+    click.echo(f"\nmean over layers: rho = {A.fmt(o.rho)}, peak at step {o.peak_step}, "
+               f"rho early = {A.fmt(o.rho_early)}, rho late = {A.fmt(o.rho_late)}, rises then "
+               f"decays: {A.fmt(o.rises_then_decays)}")
+    if rep.link:
+        lk = rep.link
+        click.echo(f"{lk['y']} vs {lk['x']} across checkpoints and layers: Spearman "
+                   f"{A.fmt(lk['rho'])} [{A.fmt(lk['ci_low'])}, {A.fmt(lk['ci_high'])}] "
+                   f"(n = {lk['n']})")
+
+
+# --------------------------------------------------------------------------- plot, report
+
+
+@main.command("plot")
+@click.argument("kind", type=click.Choice(["trajectories", "intervention", "correlation"]))
+@sweep_options
+@click.option("--out", required=True, type=click.Path(dir_okay=False),
+              help="output file: .html (self-contained), .png, .svg or .json (vega-lite)")
+@click.option("--x", "x", default="pr_k", show_default=True, help="correlation: x metric")
+@click.option("--y", "y", default="entropy", show_default=True, help="correlation: y metric")
+@_body
+def plot_cmd(kind: str, db: str | None, sweep: str | None, include_unfinished: bool, out: str,
+             x: str, y: str) -> None:
+    """Draw the trajectories, the intervention arms or a correlation scatter."""
+    from qkgeom import analysis as A
+    from qkgeom import plots
+
+    fin = not include_unfinished
+    with _store(db) as store:
+        name = A.resolve_sweep(store, sweep)
+        if kind == "trajectories":
+            chart = plots.trajectories(A.trajectory_frame(store, name, finished_only=fin))
+        elif kind == "intervention":
+            chart = plots.intervention(A.intervention_frame(store, name, finished_only=fin))
+        else:
+            pts = A.correlation_points(store, name, x=x, y=y, finished_only=fin)
+            from qkgeom.stats import spearman
+
+            chart = plots.correlation(pts, x=x, y=y, rho=spearman(pts[x].to_numpy(),
+                                                                   pts[y].to_numpy()))
+    path = plots.save_chart(chart, out)
+    click.echo(f"wrote {path}")
+
+
+@main.command("report")
+@sweep_options
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="output directory (created): report.html, report.md, figures")
+@click.option("--seed", type=int, default=0, show_default=True, help="bootstrap rng seed")
+@click.option("--boot", type=int, default=10_000, show_default=True,
+              help="bootstrap resamples for directional confidence")
+@_body
+def report_cmd(db: str | None, sweep: str | None, include_unfinished: bool, out: str,
+               seed: int, boot: int) -> None:
+    """Write the study report: every claim of the paper beside its measured verdict.
+
+    One self-contained HTML page (charts inline as SVG, works offline) and a markdown twin
+    (report.md with PNG figures beside it).
+    """
+    from qkgeom import analysis as A
+    from qkgeom.report import build_report
+
+    with _store(db) as store:
+        name = A.resolve_sweep(store, sweep)
+        paths = build_report(store, name, out, seed=seed, n_boot=boot,
+                             finished_only=not include_unfinished)
+    for p in paths:
+        click.echo(f"wrote {p}")
