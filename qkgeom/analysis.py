@@ -503,12 +503,12 @@ def directional(store: Any, sweep: str, *, arm: str, baseline: str = BASELINE_AR
                 with_key_check: bool = True, finished_only: bool = True
                 ) -> DirectionalReport:
     """Directional confidence of ``arm`` vs ``baseline`` on ``metric`` (see stats)."""
-    sign = default_sign(arm, predicted_sign)
     if n_boot < stats.MIN_BOOT_DIRECTIONAL:
         raise AnalysisError(f"--boot must be at least {stats.MIN_BOOT_DIRECTIONAL} "
                             f"(the paper's B), got {n_boot}")
     p = paired_deltas(store, sweep, arm=arm, baseline=baseline, metric=metric,
                       window=window, per_layer=per_layer, finished_only=finished_only)
+    sign = default_sign(arm, predicted_sign)
     res = stats.directional_confidence(p.table["delta"].to_numpy(), predicted_sign=sign,
                                        n_boot=n_boot, rng=_rng(seed))
     layers = None
