@@ -1,0 +1,576 @@
+"""Sweeps on Ray Tune: the only module in qkgeom that imports Ray.
+
+One function trainable runs :func:`qkgeom.train.train` per trial and reports every probe
+through ``tune.report`` with a ``tune.Checkpoint``; a failed trial restarts from its last
+checkpoint (``FailureConfig.max_failures``) and ``train(resume_from=...)`` continues with
+exactly the numbers an uninterrupted run produces.
+
+Results reach the database through :class:`DbWriter`, a driver-side Tune callback that is
+the single writer (safe for SQLite): probe rows and the trial lifecycle (pending ->
+running -> error | terminated, attempts, host, device, checkpoints). With
+``direct_writes`` (PostgreSQL only) the workers write their own probe rows and the
+callback keeps the lifecycle.
+
+Pitfalls settled here (see ../shared/RAY.md):
+
+* Tune pickles the whole ``RunConfig`` (callbacks included) into the experiment state and
+  brings the callbacks back from that pickle on restore, so callbacks hold no engine and
+  no database URL (it may carry a password): the URL lives in :data:`_DRIVER`, set by
+  :func:`run_sweep` in the driver process.
+* In ``on_trial_complete`` the trial still reads RUNNING: the callback writes the
+  terminal state itself.
+* Importing this module imports Ray; ``qkgeom --help`` and :mod:`qkgeom.sweep` do not.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray import tune
+from ray.tune import Callback
+
+from qkgeom.errors import QkgeomError
+from qkgeom.sweep import SweepPlan, TrialSpec, build_plan, fill_baseline_pr
+
+# Driver-process state that must never be pickled into the experiment (see module doc).
+_DRIVER: dict[str, Any] = {}
+DIRECT_URL_ENV = "QKGEOM_SWEEP_DB_URL"  # worker-direct writes read the URL from here
+EXPERIMENT_PREFIX = "qkgeom-"
+
+
+class SweepError(QkgeomError):
+    """A sweep that cannot start or resume; the message says what to do."""
+
+
+# ---------------------------------------------------------------------- the trainable
+def _trial_device(cfg_device: str) -> str:
+    """The device for this trial: the GPU Ray assigned (as ``cuda``), else the CPU."""
+    if cfg_device != "auto":
+        return cfg_device
+    import torch
+
+    try:
+        gpu_ids = ray.get_gpu_ids()
+    except Exception:  # outside a Ray worker
+        gpu_ids = []
+    if not gpu_ids:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        gpu_ids = [g for g in visible.split(",") if g.strip()]
+    # Ray sets CUDA_VISIBLE_DEVICES to the assigned GPU(s), so "cuda" is the right one
+    return "cuda" if gpu_ids and torch.cuda.is_available() else "cpu"
+
+
+def _where() -> tuple[str, str]:
+    try:
+        node = ray.get_runtime_context().get_node_id() or ""
+    except Exception:
+        node = ""
+    return socket.gethostname(), node
+
+
+_CORPORA: dict[str, Any] = {}  # per worker process (actors are reused between trials)
+
+
+def _corpus(dataset: str) -> Any:
+    from qkgeom.data import load_corpus
+
+    if dataset not in _CORPORA:
+        _CORPORA.clear()  # one corpus at a time: they can be large
+        _CORPORA[dataset] = load_corpus(dataset)
+    return _CORPORA[dataset]
+
+
+def trainable(config: dict[str, Any]) -> None:
+    """Tune function trainable: one qkgeom trial (``config["trial"]`` is a TrialSpec dict)."""
+    from qkgeom.config import TrialConfig
+    from qkgeom.records import ProbeRecord
+    from qkgeom.train import train
+
+    spec = TrialSpec.from_dict(config["trial"])
+    cfg_dict = dict(spec.config)
+    cfg_dict["device"] = _trial_device(cfg_dict.get("device", "auto"))
+    cfg = TrialConfig.from_dict(cfg_dict)
+    host, node = _where()
+    gpu_ids = [str(g) for g in ray.get_gpu_ids()]
+    device = cfg.device + (f" gpu={','.join(gpu_ids)}" if gpu_ids else "")
+    where = {"host": f"{host}/{node[:12]}" if node else host, "node_id": node, "device": device}
+
+    direct = None
+    if config.get("direct_writes"):
+        from qkgeom.store import open_store
+
+        direct = open_store(os.environ[DIRECT_URL_ENV])
+        trial_id = direct.trial_id(direct.require_sweep(config["sweep"]), spec.key)
+
+    scratch = Path(tempfile.mkdtemp(prefix="qkgeom-ckpt-"))
+
+    def report(rec: ProbeRecord, ckpt: str | None) -> None:
+        metrics = {"step": rec.step, "max_steps": cfg.max_steps, "val_loss": rec.val_loss,
+                   "train_loss": rec.train_loss, "tokens_per_s": rec.tokens_per_s, **where}
+        if direct is not None:
+            direct.write_probe(trial_id, rec)
+            metrics["record"] = ""
+        else:
+            metrics["record"] = json.dumps(rec.to_dict())
+        checkpoint = tune.Checkpoint.from_directory(ckpt) if ckpt else None
+        tune.report(metrics, checkpoint=checkpoint)
+        if ckpt:  # persisted to the run's storage by report(); the local copy can go
+            shutil.rmtree(ckpt, ignore_errors=True)
+
+    corpus = _corpus(cfg.dataset)
+    try:
+        ckpt = tune.get_checkpoint()
+        if ckpt is None:
+            train(cfg, report, checkpoint_dir=scratch, corpus=corpus)
+        else:
+            with ckpt.as_directory() as d:
+                train(cfg, report, checkpoint_dir=scratch, resume_from=d, corpus=corpus)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+        if direct is not None:
+            direct.close()
+
+
+def trial_dirname(trial: Any) -> str:
+    return f"{trial.config['trial']['key']}_{trial.trial_id}"
+
+
+def trial_name(trial: Any) -> str:
+    return trial.config["trial"]["key"]
+
+
+# ---------------------------------------------------------------------- callbacks
+def _error_text(trial: Any) -> str:
+    path = getattr(trial, "error_file", None)
+    try:
+        text = Path(path).read_text() if path else ""
+    except OSError:
+        text = ""
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    if not lines:
+        return "trial failed (no error text from Ray)"
+    # the exception line last, after a short traceback tail
+    return "\n".join(lines[-12:])[-4000:]
+
+
+class DbWriter(Callback):
+    """The single database writer, in the driver. Holds no engine when pickled."""
+
+    def __init__(self, sweep: str, direct_writes: bool = False) -> None:
+        self.sweep = sweep
+        self.direct_writes = direct_writes
+        self._store: Any = None
+        self._ids: dict[str, int] = {}
+        self._seen: set[str] = set()  # trials whose current attempt has reported
+
+    def __getstate__(self) -> dict[str, Any]:
+        d = self.__dict__.copy()
+        d.update(_store=None, _ids={}, _seen=set())
+        return d
+
+    @property
+    def store(self) -> Any:
+        if self._store is None:
+            from qkgeom.store import open_store
+
+            if "db_url" not in _DRIVER:
+                raise SweepError("internal: the sweep driver has no database URL")
+            self._store = open_store(_DRIVER["db_url"])
+        return self._store
+
+    def _tid(self, trial: Any) -> int:
+        key = trial.config["trial"]["key"]
+        if key not in self._ids:
+            sid = self.store.require_sweep(self.sweep)
+            tid = self.store.trial_id(sid, key)
+            if tid is None:
+                raise SweepError(f"trial {key} of sweep {self.sweep} is not in the database")
+            self._ids[key] = tid
+        return self._ids[key]
+
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._seen.discard(trial.trial_id)
+        self.store.set_trial_status(self._tid(trial), "running", bump_attempts=True)
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,
+                        **info: Any) -> None:
+        from qkgeom.records import ProbeRecord
+
+        tid = self._tid(trial)
+        if trial.trial_id not in self._seen:
+            self._seen.add(trial.trial_id)
+            self.store.set_trial_status(tid, "running", host=result.get("host"),
+                                        device=result.get("device"))
+        rec = result.get("record")
+        if rec:
+            self.store.write_probe(tid, ProbeRecord.from_dict(json.loads(rec)))
+
+    def on_checkpoint(self, iteration: int, trials: list, trial: Any, checkpoint: Any,
+                      **info: Any) -> None:
+        step = (trial.last_result or {}).get("step")
+        if step is not None:
+            self.store.add_checkpoint(self._tid(trial), int(step), str(checkpoint.path))
+
+    def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._seen.discard(trial.trial_id)
+        self.store.set_trial_status(self._tid(trial), "pending", error=_error_text(trial))
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.store.set_trial_status(self._tid(trial), "error", error=_error_text(trial))
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        # trial.status still reads RUNNING here: write the terminal state ourselves
+        self.store.set_trial_status(self._tid(trial), "terminated")
+
+    def on_experiment_end(self, trials: list, **info: Any) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+
+def _fmt_s(s: float) -> str:
+    if not math.isfinite(s):
+        return "?"
+    s = int(round(s))
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
+class Progress(Callback):
+    """A concise progress line (trials done/running/failed/pending, steps, ETA)."""
+
+    def __init__(self, every_s: float = 10.0) -> None:
+        self.every_s = every_s
+        self._reset()
+
+    def _reset(self) -> None:
+        self._t0: float | None = None
+        self._steps0: int | None = None
+        self._last_line = ""
+        self._last_t = 0.0
+
+    def __getstate__(self) -> dict[str, Any]:
+        d = self.__dict__.copy()
+        d.update(_t0=None, _steps0=None, _last_line="", _last_t=0.0)
+        return d
+
+    def line(self, trials: list) -> tuple[str, str]:
+        counts = {"done": 0, "running": 0, "failed": 0, "pending": 0}
+        steps = total = 0
+        for t in trials:
+            ms = int(t.config["trial"]["config"]["max_steps"])
+            total += ms
+            st = t.status
+            if st == "TERMINATED":
+                counts["done"] += 1
+                steps += ms
+                continue
+            steps += int((t.last_result or {}).get("step", 0) or 0)
+            if st == "ERROR":
+                counts["failed"] += 1
+            elif st == "RUNNING":
+                counts["running"] += 1
+            else:
+                counts["pending"] += 1
+        now = time.monotonic()
+        if self._t0 is None:
+            self._t0, self._steps0 = now, steps
+        rate = (steps - self._steps0) / max(now - self._t0, 1e-9)
+        eta = (total - steps) / rate if rate > 0 else math.inf
+        state = (f"{counts['done']}/{len(trials)} done, {counts['running']} running, "
+                 f"{counts['failed']} failed, {counts['pending']} pending")
+        text = (f"[{_fmt_s(now - self._t0):>6}] {state} | steps {steps}/{total} "
+                f"({100 * steps / max(total, 1):.0f}%) | ETA {_fmt_s(eta)}")
+        return state, text
+
+    def _maybe_print(self, trials: list, force: bool = False) -> None:
+        if not trials:
+            return
+        state, text = self.line(trials)
+        now = time.monotonic()
+        if force or state != self._last_line or now - self._last_t >= self.every_s:
+            print(text, flush=True)
+            self._last_line, self._last_t = state, now
+
+    def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+        self._maybe_print(trials)
+
+    def on_experiment_end(self, trials: list, **info: Any) -> None:
+        self._maybe_print(trials, force=True)
+
+
+# ---------------------------------------------------------------------- the driver
+@dataclass
+class SweepOptions:
+    """How to run a sweep (resources, where, resume); see ``qkgeom sweep --help``."""
+
+    db_url: str | None = None
+    address: str | None = None  # join a running Ray cluster ("auto" on a head node)
+    storage: str | None = None  # Tune storage root; shared storage on a multi-node cluster
+    resume: bool = False
+    cpus_per_trial: float = 1.0
+    gpus_per_trial: float | None = None  # None: 0.25 when the cluster has GPUs, else 0
+    max_concurrent: int | None = None
+    max_failures: int = 2
+    direct_writes: bool = False
+    progress_every_s: float = 10.0
+    num_cpus: int | None = None  # local Ray only (default: all cores)
+    ray_temp_dir: str | None = None  # local Ray only (default: a fresh dir under /tmp)
+    quiet: bool = False
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+def default_storage() -> str:
+    return os.environ.get("QKGEOM_RAY_STORAGE") or str(Path.home() / "ray_results")
+
+
+def experiment_path(name: str, storage: str | None = None) -> str:
+    return str(Path(storage or default_storage()).expanduser() / f"{EXPERIMENT_PREFIX}{name}")
+
+
+def code_version() -> str:
+    import subprocess
+
+    from qkgeom import __version__
+
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=5, cwd=Path(__file__).parent).stdout.strip()
+    except Exception:
+        sha = ""
+    return f"{__version__}+{sha}" if sha else __version__
+
+
+def _absolute_sqlite(url: str) -> str:
+    """SQLite paths made absolute so that trials and later shells find the same file."""
+    if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+        path = url[len("sqlite:///"):]
+        if path and path != ":memory:" and not path.startswith("/"):
+            return "sqlite:///" + str(Path(path).resolve())
+    return url
+
+
+def _init_ray(opts: SweepOptions) -> None:
+    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # no TB/CSV/JSON spam
+    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")  # resume loses little after a kill
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: no Ray tables
+    for name in ("ray", "ray.tune", "ray.train", "ray.data"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    env = dict(opts.extra_env)
+    if ray.is_initialized():
+        return
+    kwargs: dict[str, Any] = dict(logging_level=logging.ERROR, log_to_driver=False,
+                                  include_dashboard=False, configure_logging=True)
+    if env:
+        kwargs["runtime_env"] = {"env_vars": env}
+    if opts.address:
+        ray.init(address=opts.address, **kwargs)
+    else:
+        tmp = opts.ray_temp_dir or tempfile.mkdtemp(prefix="qkray-", dir="/tmp")
+        ray.init(num_cpus=opts.num_cpus or os.cpu_count() or 1, _temp_dir=tmp, **kwargs)
+
+
+def _gpus_per_trial(opts: SweepOptions) -> float:
+    if opts.gpus_per_trial is not None:
+        return float(opts.gpus_per_trial)
+    return 0.25 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
+
+
+def prepare_db(plan: SweepPlan, db_url: str, *, resume: bool, threads: int) -> tuple[int, int]:
+    """Insert the sweep and every trial (pending) before anything runs.
+
+    Returns ``(sweep_id, n_interrupted)``; on resume, rows a dead driver left ``running``
+    become ``interrupted`` first.
+    """
+    from qkgeom.store import open_store
+
+    store = open_store(db_url)
+    try:
+        sid = store.ensure_sweep(plan.name, plan.spec, code_version())
+        n_int = store.mark_running_interrupted(sid) if resume else 0
+        for t in plan.trials:
+            cfg = dict(t.config, threads=threads)
+            store.ensure_trial(sid, t.key, cfg, depth=t.depth, init=t.init, arm=t.arm,
+                               seed=t.seed, status="pending")
+        return sid, n_int
+    finally:
+        store.close()
+
+
+def plan_for_resume(name: str, db_url: str) -> SweepPlan:
+    """Rebuild the plan of sweep ``name`` from the spec stored in the database."""
+    from qkgeom.store import open_store
+
+    store = open_store(db_url)
+    try:
+        sweeps = store.sweeps()
+        row = sweeps.filter(sweeps["name"] == name)
+        if row.height == 0:
+            names = ", ".join(sweeps["name"].to_list()) or "none"
+            raise SweepError(f"no sweep named {name!r} in {store.safe_url} (sweeps: {names}); "
+                             "start it without --resume")
+        spec = json.loads(row["spec"][0])
+    finally:
+        store.close()
+    return build_plan(spec, name=name)
+
+
+def _with_threads(t: TrialSpec, threads: int) -> dict[str, Any]:
+    d = t.to_dict()
+    d["config"] = dict(t.config, threads=threads)
+    return d
+
+
+def _baseline_prs(db_url: str, sweep: str, plan: SweepPlan) -> dict[str, list]:
+    """Layer-level pr_wk rows (step, layer, value) of every baseline an arm needs."""
+    from qkgeom.store import open_store
+
+    keys = sorted({t.baseline_key for t in plan.trials if t.needs_baseline and t.baseline_key})
+    out: dict[str, list] = {}
+    store = open_store(db_url)
+    try:
+        sid = store.require_sweep(sweep)
+        for k in keys:
+            tid = store.trial_id(sid, k)
+            df = store.sql(
+                "SELECT step, layer, value FROM probe_metrics WHERE trial_id = :t "
+                "AND metric = 'pr_wk' AND head IS NULL ORDER BY step, layer", {"t": tid})
+            out[k] = list(df.iter_rows())
+    finally:
+        store.close()
+    return out
+
+
+def _run_phase(plan: SweepPlan, trials: list[TrialSpec], exp_name: str, opts: SweepOptions,
+               storage: str, threads: int, gpus: float) -> Any:
+    path = str(Path(storage) / exp_name)
+    resources = {"cpu": opts.cpus_per_trial, "gpu": gpus}
+    fn = tune.with_resources(trainable, resources)
+    if tune.Tuner.can_restore(path):
+        if not opts.resume:
+            raise SweepError(f"sweep {plan.name!r} already has a Ray experiment at {path}; "
+                             f"continue it with: qkgeom sweep --resume --name {plan.name} "
+                             "(or pick another --name)")
+        tuner = tune.Tuner.restore(path, fn, resume_unfinished=True, resume_errored=True)
+    else:
+        space = {"trial": tune.grid_search([_with_threads(t, threads) for t in trials]),
+                 "sweep": plan.name, "direct_writes": opts.direct_writes}
+        tuner = tune.Tuner(
+            fn,
+            param_space=space,
+            tune_config=tune.TuneConfig(
+                max_concurrent_trials=opts.max_concurrent or None,
+                trial_dirname_creator=trial_dirname,
+                trial_name_creator=trial_name,
+                # one process per concurrent slot: torch/ray imports (~7 s) paid once
+                reuse_actors=True,
+            ),
+            run_config=tune.RunConfig(
+                name=exp_name,
+                storage_path=storage,
+                failure_config=tune.FailureConfig(max_failures=opts.max_failures),
+                checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+                callbacks=[DbWriter(plan.name, opts.direct_writes),
+                           Progress(opts.progress_every_s)],
+                verbose=0,
+            ),
+        )
+    return tuner.fit()
+
+
+def run_sweep(plan: SweepPlan, opts: SweepOptions) -> dict[str, Any]:
+    """Run (or resume) ``plan`` on Ray Tune, writing results to ``opts.db_url``.
+
+    Returns a summary: ``{"name", "wall_s", "trials": {key: status}, "errors": n}``.
+    """
+    from qkgeom.store import resolve_url, safe_url
+
+    t0 = time.perf_counter()
+    db_url = _absolute_sqlite(resolve_url(opts.db_url))
+    if opts.direct_writes and not db_url.startswith("postgresql"):
+        raise SweepError("--direct-writes needs a PostgreSQL database: SQLite cannot take "
+                         "concurrent writers from many Ray workers; drop --direct-writes to "
+                         "let the driver write (the default)")
+    storage = str(Path(opts.storage or default_storage()).expanduser().resolve()
+                  if "://" not in (opts.storage or "") else opts.storage)
+    threads = max(1, int(opts.cpus_per_trial))
+    sid, n_int = prepare_db(plan, db_url, resume=opts.resume, threads=threads)
+    say = (lambda *a: None) if opts.quiet else (lambda *a: print(*a, flush=True))
+    if n_int:
+        say(f"marked {n_int} trial(s) left running by a dead driver as interrupted")
+    _DRIVER["db_url"] = db_url
+    if opts.direct_writes:
+        opts.extra_env[DIRECT_URL_ENV] = db_url
+    _init_ray(opts)
+    gpus = _gpus_per_trial(opts)
+    say(f"sweep {plan.name}: {len(plan.trials)} trials, {opts.cpus_per_trial:g} CPU and "
+        f"{gpus:g} GPU per trial, database {safe_url(db_url)}, Ray storage "
+        f"{experiment_path(plan.name, storage)}")
+    first = [t for t in plan.trials if not t.needs_baseline]
+    later = [t for t in plan.trials if t.needs_baseline]
+    _run_phase(plan, first, f"{EXPERIMENT_PREFIX}{plan.name}", opts, storage, threads, gpus)
+    if later:
+        # arms whose target is a fraction of the paired baseline's W_K PR: fill it from the
+        # baselines that just finished, then run them as a second experiment
+        prs = _baseline_prs(db_url, plan.name, plan)
+        filled = []
+        for t in later:
+            cfg = fill_baseline_pr(t.config, prs.get(t.baseline_key or "", []))
+            filled.append(TrialSpec.from_dict(dict(t.to_dict(), config=cfg)))
+        _store_configs(db_url, plan.name, filled, threads)
+        say(f"sweep {plan.name}: {len(filled)} arm trial(s) with baseline-relative targets")
+        _run_phase(plan, filled, f"{EXPERIMENT_PREFIX}{plan.name}-arms", opts, storage,
+                   threads, gpus)
+    statuses = trial_statuses(db_url, plan.name)
+    return {"name": plan.name, "wall_s": time.perf_counter() - t0, "trials": statuses,
+            "errors": sum(1 for s in statuses.values() if s != "terminated"),
+            "db_url": db_url, "sweep_id": sid}
+
+
+def _store_configs(db_url: str, sweep: str, trials: list[TrialSpec], threads: int) -> None:
+    from qkgeom.store import open_store
+
+    store = open_store(db_url)
+    try:
+        sid = store.require_sweep(sweep)
+        for t in trials:
+            store.ensure_trial(sid, t.key, dict(t.config, threads=threads), depth=t.depth,
+                               init=t.init, arm=t.arm, seed=t.seed)
+    finally:
+        store.close()
+
+
+def trial_statuses(db_url: str, sweep: str) -> dict[str, str]:
+    from qkgeom.store import open_store
+
+    store = open_store(db_url)
+    try:
+        df = store.trials(sweep)
+        return dict(zip(df["trial_key"].to_list(), df["status"].to_list()))
+    finally:
+        store.close()
+
+
+def shutdown() -> None:
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("use: qkgeom sweep --help")
