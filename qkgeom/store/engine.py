@@ -186,7 +186,18 @@ def make_engine(url: str, *, create: bool = True, readonly: bool = False,
         connect_args["connect_timeout"] = PG_CONNECT_TIMEOUT_S
     if readonly:
         connect_args["options"] = "-c default_transaction_read_only=on"
-    return create_engine(url, connect_args=connect_args, pool_pre_ping=True)
+    engine = create_engine(url, connect_args=connect_args, pool_pre_ping=True)
+    if readonly:
+        from sqlalchemy import event
+
+        @event.listens_for(engine, "begin")
+        def _pg_begin(conn: Any) -> None:
+            # a query after SET TRANSACTION READ ONLY: a later "SET TRANSACTION READ WRITE"
+            # in the user's SQL is then an error, not a way around the read-only mode
+            conn.exec_driver_sql("SET TRANSACTION READ ONLY")
+            conn.exec_driver_sql("SELECT 1")
+
+    return engine
 
 
 def describe_db_error(e: BaseException, url: str) -> str:

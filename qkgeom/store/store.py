@@ -9,6 +9,7 @@ polars DataFrames or plain dataclasses, never ORM rows.
 from __future__ import annotations
 
 import contextlib
+import decimal
 import json
 import math
 import os
@@ -66,6 +67,13 @@ def _f(x: Any) -> float | None:
 
 def _nan(x: float | None) -> float:
     return math.nan if x is None else float(x)
+
+
+@dataclass(frozen=True)
+class ExportedFile:
+    name: str  # table or view
+    path: Path
+    rows: int
 
 
 @dataclass(frozen=True)
@@ -449,15 +457,30 @@ class Store:
 
     # ------------------------------------------------------------------ reads
     def sql(self, query: str, params: dict | None = None) -> Any:
-        """Run ``query`` and return a polars DataFrame (NULL floats are NaN; see schema)."""
-        import polars as pl
-        from sqlalchemy import text
+        """Run one query and return a polars DataFrame.
 
+        Without ``params`` the SQL goes to the database verbatim (``%`` and ``:x`` mean
+        nothing special); with ``params`` it is a SQLAlchemy ``text()`` with ``:name``
+        bind parameters. Float NULLs are NaNs (see docs/schema.md); they stay null here.
+        """
         with self._read() as conn:
-            return pl.read_database(
-                text(query), conn, execute_options={"parameters": params or {}},
-                infer_schema_length=None,
-            )
+            result = _run(conn, query, params)
+            if not result.returns_rows:
+                raise QkgeomError("the statement returned no rows; use Store.execute to "
+                                  "run statements that modify the database")
+            return _result_frame(result)
+
+    def execute(self, query: str, params: dict | None = None) -> tuple[Any, int]:
+        """Run one statement in a write transaction and commit it.
+
+        Returns ``(DataFrame, rowcount)`` for a statement that returns rows, else
+        ``(None, rowcount)``. On a store opened read-only, writes are refused.
+        """
+        with self._write() as conn:
+            result = _run(conn, query, params)
+            if result.returns_rows:
+                return _result_frame(result), result.rowcount
+            return None, result.rowcount
 
     def sweeps(self) -> Any:
         """Every sweep: id, name, code_version, created_at, spec (JSON text), n_trials."""
@@ -582,7 +605,7 @@ class Store:
 
     # ------------------------------------------------------------------ export
     def export(self, out_dir: str | os.PathLike, *, views: bool = False,
-               batch_size: int = 500_000) -> list[Path]:
+               batch_size: int = 500_000) -> list[ExportedFile]:
         """Write every table (and with ``views`` every view) to ``out_dir/<name>.parquet``.
 
         JSON columns become JSON text; floats keep NULL for NaN (as stored).
@@ -595,7 +618,7 @@ class Store:
         names = list(TABLES) + (list(VIEW_NAMES) if views else [])
         return [self._export_one(name, out / f"{name}.parquet", batch_size) for name in names]
 
-    def _export_one(self, name: str, path: Path, batch_size: int) -> Path:
+    def _export_one(self, name: str, path: Path, batch_size: int) -> ExportedFile:
         import polars as pl
         import pyarrow.parquet as pq
         from sqlalchemy import Text, cast, select, text
@@ -612,6 +635,7 @@ class Store:
             q, schema = text(f"SELECT * FROM {name}"), None
         tmp = path.with_name(path.name + ".tmp")
         writer = None
+        rows = 0
         with self._read() as conn:
             result = conn.execution_options(stream_results=True, yield_per=batch_size).execute(q)
             if schema is None:
@@ -619,6 +643,7 @@ class Store:
             try:
                 for part in result.partitions(batch_size):
                     tbl = _frame(part, schema).to_arrow()
+                    rows += tbl.num_rows
                     if writer is None:
                         writer = pq.ParquetWriter(tmp, tbl.schema)
                     writer.write_table(tbl)
@@ -628,7 +653,41 @@ class Store:
                 if writer is not None:
                     writer.close()
         tmp.replace(path)
-        return path
+        return ExportedFile(name=name, path=path, rows=rows)
+
+
+def _run(conn: Any, query: str, params: dict | None) -> Any:
+    if params is None:
+        return conn.execution_options(no_parameters=True).exec_driver_sql(query)
+    from sqlalchemy import text
+
+    return conn.execute(text(query), params)
+
+
+def _result_frame(result: Any) -> Any:
+    """A polars DataFrame from a SQLAlchemy result (types inferred from all rows)."""
+    import polars as pl
+
+    keys = list(result.keys())
+    rows = [tuple(r) for r in result]
+    if len(set(keys)) != len(keys):
+        raise QkgeomError(f"the query returns duplicate column names {keys}; alias them "
+                          "(SELECT a.x AS a_x, b.x AS b_x ...)")
+    if not rows:
+        return pl.DataFrame(schema={k: pl.Null for k in keys})
+    # PostgreSQL hands JSONB over as dicts and NUMERIC (e.g. AVG of integers) as Decimal;
+    # SQLite as JSON text and floats. Make both look like SQLite's.
+    fix = {}
+    for i in range(len(keys)):
+        first = next((r[i] for r in rows if r[i] is not None), None)
+        if isinstance(first, (dict, list)):
+            fix[i] = lambda v: None if v is None else json.dumps(v, sort_keys=True)
+        elif isinstance(first, decimal.Decimal):
+            fix[i] = lambda v: None if v is None else float(v)
+    if fix:
+        rows = [tuple(fix[i](v) if i in fix else v for i, v in enumerate(r)) for r in rows]
+    return pl.DataFrame(rows, schema=keys, orient="row", infer_schema_length=None,
+                        strict=False)
 
 
 def _frame(rows: Sequence[Any], schema: dict) -> Any:
