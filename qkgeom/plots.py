@@ -121,7 +121,9 @@ def intervention(df: Any, *, metrics: tuple[str, ...] = ("entropy", "pr_wk", "pr
     x = alt.X("progress:Q", title="training progress", scale=alt.Scale(domain=[0, 1]))
     band = alt.Chart().mark_area(opacity=0.18).encode(
         x=x, y=alt.Y("lo:Q", title=None, scale=alt.Scale(zero=False)), y2="hi:Q",
-        color=color)
+        color=alt.Color("arm:N", sort=arms, legend=None,
+                        scale=alt.Scale(domain=arms, range=(ARM_COLORS + ["#2ca02c", "#9467bd"])
+                                        [: len(arms)])))
     line = alt.Chart().mark_line(strokeWidth=2).encode(
         x=x, y=alt.Y("mean:Q", title=None), color=color,
         tooltip=["arm:N", "panel:N", alt.Tooltip("progress:Q", format=".3f"),
