@@ -41,7 +41,8 @@ from typing import Any
 
 import yaml
 
-from qkgeom.config import ARMS, INITS, PRESETS, ConfigError, TrialConfig, check_keys
+from qkgeom.config import ARMS, INITS, PRESETS, ConfigError, TrialConfig
+from qkgeom.config import check_keys as _config_check_keys
 
 # Set per trial by the spec itself; a trial-level override of these would be silently lost.
 GRID_KEYS = ("n_layer", "init", "arm", "seed")
@@ -55,6 +56,13 @@ _PLACEHOLDER_PR = [[0, [1.0]]]
 
 class SpecError(ConfigError):
     """A bad sweep spec; the message names the key."""
+
+
+def check_keys(d: dict[str, Any], valid: list[str], what: str) -> None:
+    try:
+        _config_check_keys(d, valid, what)
+    except ConfigError as e:
+        raise SpecError(str(e)) from None
 
 
 # ---------------------------------------------------------------------- presets

@@ -46,7 +46,6 @@ from qkgeom.sweep import SweepPlan, TrialSpec, build_plan, fill_baseline_pr
 
 # Driver-process state that must never be pickled into the experiment (see module doc).
 _DRIVER: dict[str, Any] = {}
-DIRECT_URL_ENV = "QKGEOM_SWEEP_DB_URL"  # worker-direct writes read the URL from here
 EXPERIMENT_PREFIX = "qkgeom-"
 
 
@@ -92,8 +91,12 @@ def _corpus(dataset: str) -> Any:
     return _CORPORA[dataset]
 
 
-def trainable(config: dict[str, Any]) -> None:
-    """Tune function trainable: one qkgeom trial (``config["trial"]`` is a TrialSpec dict)."""
+def trainable(config: dict[str, Any], db_url: str | None = None) -> None:
+    """Tune function trainable: one qkgeom trial (``config["trial"]`` is a TrialSpec dict).
+
+    ``db_url`` (worker-direct writes only) arrives through ``tune.with_parameters``, i.e.
+    Ray's object store, so the URL and its password never enter the pickled experiment.
+    """
     from qkgeom.config import TrialConfig
     from qkgeom.records import ProbeRecord
     from qkgeom.train import train
@@ -108,10 +111,10 @@ def trainable(config: dict[str, Any]) -> None:
     where = {"host": f"{host}/{node[:12]}" if node else host, "node_id": node, "device": device}
 
     direct = None
-    if config.get("direct_writes"):
+    if db_url:
         from qkgeom.store import open_store
 
-        direct = open_store(os.environ[DIRECT_URL_ENV])
+        direct = open_store(db_url)
         trial_id = direct.trial_id(direct.require_sweep(config["sweep"]), spec.key)
 
     scratch = Path(tempfile.mkdtemp(prefix="qkgeom-ckpt-"))
@@ -461,7 +464,8 @@ def _run_phase(plan: SweepPlan, trials: list[TrialSpec], exp_name: str, opts: Sw
                storage: str, threads: int, gpus: float) -> Any:
     path = str(Path(storage) / exp_name)
     resources = {"cpu": opts.cpus_per_trial, "gpu": gpus}
-    fn = tune.with_resources(trainable, resources)
+    direct_url = _DRIVER["db_url"] if opts.direct_writes else None
+    fn = tune.with_resources(tune.with_parameters(trainable, db_url=direct_url), resources)
     if tune.Tuner.can_restore(path):
         if not opts.resume:
             raise SweepError(f"sweep {plan.name!r} already has a Ray experiment at {path}; "
@@ -470,7 +474,7 @@ def _run_phase(plan: SweepPlan, trials: list[TrialSpec], exp_name: str, opts: Sw
         tuner = tune.Tuner.restore(path, fn, resume_unfinished=True, resume_errored=True)
     else:
         space = {"trial": tune.grid_search([_with_threads(t, threads) for t in trials]),
-                 "sweep": plan.name, "direct_writes": opts.direct_writes}
+                 "sweep": plan.name}
         tuner = tune.Tuner(
             fn,
             param_space=space,
@@ -515,8 +519,6 @@ def run_sweep(plan: SweepPlan, opts: SweepOptions) -> dict[str, Any]:
     if n_int:
         say(f"marked {n_int} trial(s) left running by a dead driver as interrupted")
     _DRIVER["db_url"] = db_url
-    if opts.direct_writes:
-        opts.extra_env[DIRECT_URL_ENV] = db_url
     _init_ray(opts)
     gpus = _gpus_per_trial(opts)
     say(f"sweep {plan.name}: {len(plan.trials)} trials, {opts.cpus_per_trial:g} CPU and "

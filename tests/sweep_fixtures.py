@@ -1,0 +1,165 @@
+"""Helpers for the sweep/tune/cluster tests (imported by them; not a conftest).
+
+Ray's scratch (``_temp_dir``) and Tune's storage live under short directories in /tmp,
+never in the repository. PostgreSQL tests read ``QKGEOM_TEST_PG_URL`` (``.ci/postgres.sh``)
+and skip without it, except under ``CI=true`` where its absence fails.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+QKGEOM = str(Path(sys.executable).with_name("qkgeom"))
+
+
+def pg_base_url() -> str:
+    url = os.environ.get("QKGEOM_TEST_PG_URL")
+    if not url:
+        msg = "QKGEOM_TEST_PG_URL not set (eval \"$(bash .ci/postgres.sh | tail -1)\")"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return url
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for one test (dropped afterwards)."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    base = make_url(pg_base_url())
+    name = f"qk_sweep_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(base, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield base.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as c:
+            c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture
+def scratch() -> Iterator[Path]:
+    """A short scratch directory under /tmp (Unix socket paths must stay short)."""
+    d = Path(tempfile.mkdtemp(prefix="qksw-", dir="/tmp"))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def cli_env(scratch: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["QKGEOM_RAY_STORAGE"] = str(scratch / "ray_results")
+    env.setdefault("QKGEOM_CACHE", str(ROOT / ".pytest_cache" / "qkgeom-data"))
+    env["TMPDIR"] = "/tmp"
+    return env
+
+
+def run_cli(args: list[str], scratch: Path, timeout: float = 300,
+            check: bool = True) -> subprocess.CompletedProcess:
+    p = subprocess.run([QKGEOM, *args], env=cli_env(scratch), capture_output=True, text=True,
+                       timeout=timeout, cwd=scratch)
+    if check and p.returncode != 0:
+        raise AssertionError(f"qkgeom {' '.join(args)} failed ({p.returncode}):\n"
+                             f"{p.stdout[-4000:]}\n{p.stderr[-4000:]}")
+    return p
+
+
+def probe_counts(db: str, sweep: str) -> dict[str, tuple[int, int]]:
+    """trial_key -> (probe rows, metric rows)."""
+    from qkgeom.store import open_store
+
+    with open_store(db) as store:
+        df = store.sql(
+            "SELECT t.trial_key, (SELECT count(*) FROM probes p WHERE p.trial_id = t.id) AS np, "
+            "(SELECT count(*) FROM probe_metrics m WHERE m.trial_id = t.id) AS nm "
+            "FROM trials t JOIN sweeps s ON s.id = t.sweep_id WHERE s.name = :n",
+            {"n": sweep})
+    return {k: (int(a), int(b)) for k, a, b in df.iter_rows()}
+
+
+def assert_sweep_complete(db: str, sweep: str, plan) -> None:  # type: ignore[no-untyped-def]
+    """Every trial terminated with the expected number of probe and metric rows."""
+    from qkgeom.store import open_store
+
+    with open_store(db) as store:
+        trials = store.trials(sweep)
+    assert sorted(trials["trial_key"].to_list()) == sorted(t.key for t in plan.trials)
+    bad = trials.filter(trials["status"] != "terminated")
+    assert bad.height == 0, bad.select("trial_key", "status", "error").to_dicts()
+    counts = probe_counts(db, sweep)
+    for t in plan.trials:
+        n_probe = plan.probes_per_trial(t.key)
+        n_metric = n_probe * metrics_per_probe(t)
+        assert counts[t.key] == (n_probe, n_metric), (t.key, counts[t.key], n_probe, n_metric)
+
+
+def metrics_per_probe(t) -> int:  # type: ignore[no-untyped-def]
+    """Metric rows one probe of trial spec ``t`` writes (from a real probe record)."""
+    return len(reference_records(t.config, max_steps_only=True)[0].metrics)
+
+
+_REF_CACHE: dict[str, list] = {}
+
+
+def reference_records(config: dict, max_steps_only: bool = False) -> list:
+    """The probe records of a direct, uninterrupted ``train()`` of ``config`` (cached)."""
+    import json
+
+    from qkgeom.config import TrialConfig
+    from qkgeom.train import train
+
+    cfg = dict(config, device="cpu", fail_at_step=-1, baseline_pr=config.get("baseline_pr"))
+    key = json.dumps(cfg, sort_keys=True)
+    if key not in _REF_CACHE:
+        recs: list = []
+        train(TrialConfig.from_dict(cfg), lambda r, c: recs.append(r))
+        _REF_CACHE[key] = recs
+    return _REF_CACHE[key]
+
+
+def assert_matches_reference(db: str, sweep: str, keys: list[str] | None = None,
+                             tol: float = 1e-6) -> int:
+    """Each trial's stored metrics equal an uninterrupted direct train() of its config."""
+    import json
+
+    from qkgeom.store import open_store
+
+    checked = 0
+    with open_store(db) as store:
+        trials = store.trials(sweep)
+        for row in trials.iter_rows(named=True):
+            if keys is not None and row["trial_key"] not in keys:
+                continue
+            got = store.read_probes(row["id"])
+            ref = reference_records(json.loads(row["config"]))
+            assert [r.step for r in got] == [r.step for r in ref], row["trial_key"]
+            for g, r in zip(got, ref):
+                gm = {(a, b, c): v for a, b, c, v in g.metrics}
+                rm = {(a, b, c): v for a, b, c, v in r.metrics}
+                assert gm.keys() == rm.keys(), (row["trial_key"], g.step)
+                for k, v in rm.items():
+                    w = gm[k]
+                    if math.isnan(v):
+                        assert math.isnan(w), (row["trial_key"], g.step, k)
+                    else:
+                        assert abs(w - v) <= tol * max(1.0, abs(v)), \
+                            (row["trial_key"], g.step, k, w, v)
+                assert abs(g.val_loss - r.val_loss) <= tol * max(1.0, abs(r.val_loss))
+            checked += 1
+    return checked
