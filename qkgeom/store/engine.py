@@ -194,8 +194,9 @@ def make_engine(url: str, *, create: bool = True, readonly: bool = False,
         def _pg_begin(conn: Any) -> None:
             # a query after SET TRANSACTION READ ONLY: a later "SET TRANSACTION READ WRITE"
             # in the user's SQL is then an error, not a way around the read-only mode
-            conn.exec_driver_sql("SET TRANSACTION READ ONLY")
-            conn.exec_driver_sql("SELECT 1")
+            plain = {"stream_results": False}  # not through a server-side cursor
+            conn.exec_driver_sql("SET TRANSACTION READ ONLY", execution_options=plain)
+            conn.exec_driver_sql("SELECT 1", execution_options=plain)
 
     return engine
 

@@ -637,7 +637,8 @@ class Store:
         writer = None
         rows = 0
         with self._read() as conn:
-            result = conn.execution_options(stream_results=True, yield_per=batch_size).execute(q)
+            result = conn.execute(q, execution_options={"stream_results": True,
+                                                         "yield_per": batch_size})
             if schema is None:
                 schema = {k: _view_column_type(k) for k in result.keys()}
             try:
