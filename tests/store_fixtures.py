@@ -31,7 +31,12 @@ def pg_server_url() -> str:
 
 @pytest.fixture
 def pg_url() -> Iterator[str]:
-    """A fresh, empty PostgreSQL database for this test (dropped afterwards)."""
+    """A fresh, empty PostgreSQL schema for this test, dropped afterwards.
+
+    A schema (selected through ``options=-csearch_path=...`` in the URL) rather than a
+    database: CREATE DATABASE costs ~1 s a test, CREATE SCHEMA a few ms, and every table,
+    view and alembic_version lands in it all the same.
+    """
     from sqlalchemy import create_engine, text
     from sqlalchemy.engine import make_url
 
@@ -39,12 +44,13 @@ def pg_url() -> Iterator[str]:
     name = f"qkgeom_t_{uuid.uuid4().hex[:12]}"
     admin = create_engine(server, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
+        conn.execute(text(f'CREATE SCHEMA "{name}"'))
     try:
-        yield server.set(database=name).render_as_string(hide_password=False)
+        yield server.update_query_dict({"options": f"-csearch_path={name}"}).render_as_string(
+            hide_password=False)
     finally:
         with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            conn.execute(text(f'DROP SCHEMA IF EXISTS "{name}" CASCADE'))
         admin.dispose()
 
 

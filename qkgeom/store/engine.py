@@ -184,8 +184,10 @@ def make_engine(url: str, *, create: bool = True, readonly: bool = False,
     connect_args: dict[str, Any] = {"application_name": "qkgeom"}
     if "connect_timeout" not in u.query:
         connect_args["connect_timeout"] = PG_CONNECT_TIMEOUT_S
-    if readonly:
-        connect_args["options"] = "-c default_transaction_read_only=on"
+    if readonly:  # appended to any options= the URL already carries (e.g. search_path)
+        opts = u.query.get("options", "")
+        opts = " ".join(opts) if isinstance(opts, tuple) else opts
+        connect_args["options"] = (opts + " -c default_transaction_read_only=on").strip()
     engine = create_engine(url, connect_args=connect_args, pool_pre_ping=True)
     if readonly:
         from sqlalchemy import event
