@@ -170,3 +170,23 @@ def test_cli_bad_input_one_line_error(tmp_path, args, msg):
     assert msg in r.output
     assert "Traceback" not in r.output
     assert not (tmp_path / "x").exists()  # nothing written
+
+
+def test_cli_train_records_into_database(wikitext_dir, tmp_path):
+    from qkgeom.store import open_store
+
+    db = f"sqlite:///{tmp_path / 'r.db'}"
+    args = ["train", "--preset", "smoke", "--data", str(wikitext_dir), "--quiet", "--db", db]
+    r = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "a")])
+    assert r.exit_code == 0, r.output
+    # the same trial again (a rerun) leaves one row per (step, layer, head, metric)
+    r = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "b")])
+    assert r.exit_code == 0, r.output
+    st = open_store(db)
+    t = st.sql("select status, attempts from trials")
+    assert t.rows() == [("terminated", 2)]
+    n = st.sql("select count(*) from probe_metrics").item()
+    per_probe = 2 * (2 + 1) * 9  # layers x (heads + layer row) x metrics
+    assert n == 3 * per_probe
+    ck = st.sql("select step from checkpoints order by step")["step"].to_list()
+    assert ck == [0, 20, 40]
