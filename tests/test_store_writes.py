@@ -275,3 +275,13 @@ def test_sql_with_and_without_params(store):
     # verbatim SQL: '%' and ':x' are not placeholders
     assert store.sql("SELECT name FROM sweeps WHERE name LIKE 'p%q:x'").item() == "p%q:x"
     assert store.sql("SELECT id FROM sweeps WHERE name = :n", {"n": "p%q:x"}).item() == sid
+
+
+def test_in_memory_sqlite_is_created_at_head():
+    from qkgeom.store import head_revision, open_store
+
+    with open_store("sqlite://") as mem:
+        assert mem.revision == head_revision()
+        _, tid = _trial(mem)
+        mem.write_probe(tid, make_record(0, n_layer=1))
+        assert len(mem.read_probes(tid)) == 1

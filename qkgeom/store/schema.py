@@ -154,11 +154,17 @@ def _lock(conn: Any) -> None:
         conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": ADVISORY_LOCK_ID})
 
 
-def _migrate(url: str, action: Any) -> tuple[SchemaState, SchemaState]:
-    """Run ``action(cfg, state)`` in one locked transaction; return (before, after)."""
+def _migrate(url: str, action: Any, engine: Any = None) -> tuple[SchemaState, SchemaState]:
+    """Run ``action(cfg, state)`` in one locked transaction; return (before, after).
+
+    ``engine``: migrate through this engine (an in-memory SQLite database exists only in
+    its own engine) instead of a fresh one with foreign keys off.
+    """
     from sqlalchemy.exc import SQLAlchemyError
 
-    engine = make_engine(url, create=True, foreign_keys=False)
+    own = engine is None
+    if own:
+        engine = make_engine(url, create=True, foreign_keys=False)
     try:
         with engine.connect() as conn:
             conn.execution_options(qkgeom_write=True)
@@ -181,10 +187,12 @@ def _migrate(url: str, action: Any) -> tuple[SchemaState, SchemaState]:
     except SQLAlchemyError as e:
         raise connect_error(e, url) from None
     finally:
-        engine.dispose()
+        if own:
+            engine.dispose()
 
 
-def upgrade(url: str, revision: str = "head") -> tuple[SchemaState, SchemaState]:
+def upgrade(url: str, revision: str = "head", *,
+            engine: Any = None) -> tuple[SchemaState, SchemaState]:
     """Create or upgrade the database to ``revision``; refuses a newer or foreign one."""
 
     def act(cfg: Any, state: SchemaState) -> None:
@@ -195,7 +203,7 @@ def upgrade(url: str, revision: str = "head") -> tuple[SchemaState, SchemaState]
         if state.verdict != "head" or revision != "head":
             command.upgrade(cfg, revision)
 
-    return _migrate(url, act)
+    return _migrate(url, act, engine)
 
 
 def downgrade(url: str, revision: str) -> tuple[SchemaState, SchemaState]:

@@ -29,6 +29,7 @@ from qkgeom.store.engine import (
     make_engine,
     resolve_url,
     safe_url,
+    sqlite_path,
 )
 from qkgeom.store.models import (
     STATUSES,
@@ -118,7 +119,10 @@ def open_store(url: str | None = None, *, create: bool = True, readonly: bool = 
                     f"database {safe_url(url)} has no qkgeom schema; create it with: "
                     f"qkgeom db upgrade --db {safe_url(url)}"
                 )
-            _, state = upgrade(url)  # under a lock; a concurrent creator is fine
+            # under a lock, so a concurrent creator is fine; an in-memory database
+            # exists only inside this engine, so migrate through it
+            memory = engine.dialect.name == "sqlite" and sqlite_path(url) is None
+            _, state = upgrade(url, engine=engine if memory else None)
         err = refusal(state, url)
         if err is not None:
             raise err
