@@ -1,0 +1,799 @@
+"""Token-level query/key geometry of pretrained transformers and of qkgeom's own checkpoints.
+
+The same metrics as a qkgeom probe (:data:`qkgeom.records.METRICS`), measured on a fixed
+text sample (default: the WikiText test text) and streamed over chunks of it, so the token
+budget is bounded by time, not memory:
+
+* ``pr_q`` / ``pr_k``: PR of the mean-centred query/key vectors, from a float64
+  :class:`~qkgeom.metrics.StreamingCovariance` per layer (heads concatenated; a head's value
+  is the PR of its ``d_head x d_head`` diagonal block). Memory is ``O(n_layers d^2)``, flat
+  in the number of tokens. For rotary models these are the vectors *after* the rotary
+  embedding (the ones that meet in ``q k^T``); ``pr_q_prerot`` / ``pr_k_prerot`` hold the
+  projections before it.
+* ``entropy`` / ``entropy_norm``: softmax of ``q k^T * scale`` with the model's own mask
+  (causal for decoders; bidirectional with the padding mask for encoders), recomputed from
+  the captured ``q`` and ``k`` and averaged over every counted query row of every chunk.
+* ``logit_erank``: effective rank of the masked logit matrix, mean over the first
+  ``erank_seqs`` sequences (an SVD per head and sequence is the costliest metric).
+* ``pr_wq``, ``pr_wk``, ``qk_pr``, ``qk_erank``: weight spectra; the interaction spectrum of
+  ``W_Q^h (W_K^h)^T`` in factored form (for rotary models: the position-0 interaction).
+
+Grouped-query attention: each query head ``h`` pairs with key head ``h // (H / H_kv)``,
+exactly as the model's ``repeat_kv`` does; per-head key metrics repeat the shared key head's
+value. The layer-level ``pr_k`` of the expanded keys equals that of the ``H_kv`` distinct
+heads (duplicating blocks scales every eigenvalue by ``H / H_kv``; PR is scale-free), so the
+smaller covariance is accumulated.
+
+Capture works through transformers' public ``AttentionInterface``: the model runs with a
+registered implementation ``"qkgeom"`` that records (``query``, ``key``, mask, ``scaling``)
+exactly as the model hands them to attention, then delegates to the model's own eager
+attention. Pre-rotary projections come from forward hooks on the projection modules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from qkgeom import metrics as M
+from qkgeom.errors import QkgeomError
+
+Row = tuple[int, "int | None", str, float]
+Progress = Callable[[int, int, dict], None]  # (tokens done, tokens total, info)
+
+ATTN_IMPL = "qkgeom"  # the name registered in transformers' AttentionInterface
+DEFAULT_MAX_TOKENS = 131_072
+DEFAULT_SEQ_LEN = 256  # the paper's context; entropy grows with the keys visible
+DEFAULT_CHUNK_TOKENS = 4096
+DEFAULT_ERANK_SEQS = 8  # an SVD per head and sequence: the costliest metric
+# Elements of one float64 [B, h, T, S] logit block; bounds the entropy step's memory.
+_LOGIT_BLOCK = 1 << 23
+
+
+class PretrainedError(QkgeomError):
+    """A pretrained model, checkpoint or text could not be loaded or measured."""
+
+
+# ====================================================================== accumulation
+@dataclass
+class _LayerState:
+    cov_q: M.StreamingCovariance
+    cov_k: M.StreamingCovariance
+    n_head: int
+    n_kv: int
+    d_head: int
+    cov_q_pre: M.StreamingCovariance | None = None
+    cov_k_pre: M.StreamingCovariance | None = None
+    ent_sum: Tensor | None = None  # (H,) sum over counted rows of the row-mean entropy
+    ent_norm_sum: Tensor | None = None
+    ent_rows: Tensor | None = None  # (1|H,) query rows counted per head
+    erank_sum: Tensor | None = None  # (H,) sum over sequences
+    erank_n: int = 0
+
+
+class GeometryAccumulator:
+    """Streaming per-layer Q/K statistics over many chunks; :meth:`rows` gives metric rows.
+
+    Call :meth:`update` once per layer and chunk. Memory is ``O(d^2)`` per layer (float64
+    covariances on ``device``), independent of the number of tokens seen.
+    """
+
+    def __init__(self, *, erank_seqs: int = DEFAULT_ERANK_SEQS,
+                 device: torch.device | str | None = None) -> None:
+        self.layers: dict[int, _LayerState] = {}
+        self.erank_seqs = erank_seqs
+        self.device = device
+
+    @torch.no_grad()
+    def update(self, layer: int, q: Tensor, k: Tensor, visible: Tensor, scaling: float,
+               real: Tensor | None = None, q_pre: Tensor | None = None,
+               k_pre: Tensor | None = None) -> None:
+        """Add one chunk of one layer.
+
+        ``q``: ``(B, H, T, dh)`` queries; ``k``: ``(B, H_kv, S, dh)`` keys as the model uses
+        them (post-rotary). ``visible``: bool, broadcastable to ``(B, H, T, S)``, True where a
+        query may attend to a key. ``real``: ``(B, T)`` bool, False at padding (``T == S``);
+        padded positions count neither as vectors nor as query rows. ``q_pre`` / ``k_pre``:
+        ``(B, T, H*dh)`` / ``(B, S, H_kv*dh)`` pre-rotary projections (rotary models only).
+        """
+        b, nh, t, dh = q.shape
+        nkv, s = k.shape[1], k.shape[2]
+        if nh % nkv:
+            raise ValueError(f"{nh} query heads do not group over {nkv} key heads")
+        st = self.layers.get(layer)
+        if st is None:
+            dev = self.device if self.device is not None else q.device
+            st = _LayerState(M.StreamingCovariance(nh * dh, dev), M.StreamingCovariance(
+                nkv * dh, dev), nh, nkv, dh)
+            if q_pre is not None:
+                st.cov_q_pre = M.StreamingCovariance(q_pre.shape[-1], dev)
+                st.cov_k_pre = M.StreamingCovariance(k_pre.shape[-1], dev)
+            self.layers[layer] = st
+        if real is None:
+            real = torch.ones(b, t, dtype=torch.bool, device=q.device)
+        real = real.to(q.device, torch.bool)
+        keep = real.reshape(-1)
+        # (B, T, H*dh) token rows, padding dropped
+        st.cov_q.update(q.transpose(1, 2).reshape(b * t, nh * dh)[keep])
+        if s == t:
+            st.cov_k.update(k.transpose(1, 2).reshape(b * s, nkv * dh)[keep])
+        else:  # keys longer than queries (not produced by our chunking): keep them all
+            st.cov_k.update(k.transpose(1, 2).reshape(b * s, nkv * dh))
+        if st.cov_q_pre is not None and q_pre is not None and k_pre is not None:
+            st.cov_q_pre.update(q_pre.reshape(b * t, -1)[keep])
+            st.cov_k_pre.update(k_pre.reshape(b * s, -1)[keep] if s == t
+                                else k_pre.reshape(b * s, -1))
+
+        # Attention from the captured vectors: the model's mask, minus padded query rows.
+        vis = visible.to(q.device, torch.bool) & real[:, None, :, None]  # (B, 1|H, T, S)
+        vis = vis.expand(b, vis.shape[1], t, s)
+        k_exp = k.repeat_interleave(nh // nkv, dim=1) if nkv != nh else k  # (B, H, S, dh)
+        rows = (vis.sum(-1) >= 2).sum(dim=(0, 2)).double()  # (1|H,) counted rows per head
+        ent = torch.zeros(nh, dtype=torch.float64, device=q.device)
+        ent_n = torch.zeros(nh, dtype=torch.float64, device=q.device)
+        n_er = max(0, min(b, self.erank_seqs - st.erank_n))
+        er = torch.zeros(nh, dtype=torch.float64, device=q.device)
+        step = max(1, _LOGIT_BLOCK // max(1, b * t * s))
+        for h0 in range(0, nh, step):
+            hs = slice(h0, min(nh, h0 + step))
+            v = vis if vis.shape[1] == 1 else vis[:, hs]
+            logits = (q[:, hs].double() @ k_exp[:, hs].double().transpose(-2, -1)) * scaling
+            pattern = torch.softmax(logits.masked_fill(~v, float("-inf")), dim=-1)
+            raw, norm = M.attention_entropy(pattern, v)  # (h,), (h,) row means
+            r = rows if rows.numel() == 1 else rows[hs]
+            ent[hs], ent_n[hs] = raw * r, norm * r
+            if n_er:
+                er[hs] = M.logit_effective_rank(logits[:n_er], v[:n_er]) * n_er
+            del logits, pattern
+        if st.ent_sum is None:
+            st.ent_sum, st.ent_norm_sum = ent, ent_n
+            st.erank_sum, st.ent_rows = er, rows
+        else:
+            st.ent_sum += ent
+            st.ent_norm_sum += ent_n
+            st.erank_sum += er
+            st.ent_rows = st.ent_rows + rows
+        st.erank_n += n_er
+
+    def rows(self) -> list[Row]:
+        """Activation and attention metric rows (layer-level with head None, plus per head)."""
+        out: list[Row] = []
+        for li in sorted(self.layers):
+            st = self.layers[li]
+            rep = st.n_head // st.n_kv
+            pairs = [("pr_q", st.cov_q, st.n_head, 1), ("pr_k", st.cov_k, st.n_kv, rep)]
+            if st.cov_q_pre is not None:
+                pairs += [("pr_q_prerot", st.cov_q_pre, st.n_head, 1),
+                          ("pr_k_prerot", st.cov_k_pre, st.n_kv, rep)]
+            for name, cov, n_blocks, rep_h in pairs:
+                if cov.n < 2:
+                    out.append((li, None, name, math.nan))
+                    continue
+                c = cov.cov()
+                out.append((li, None, name, M.participation_ratio(torch.linalg.eigvalsh(c))))
+                dh = st.d_head
+                for g in range(n_blocks):
+                    blk = c[g * dh:(g + 1) * dh, g * dh:(g + 1) * dh]
+                    v = M.participation_ratio(torch.linalg.eigvalsh(blk))
+                    out += [(li, g * rep_h + r, name, v) for r in range(rep_h)]
+            n = st.ent_rows.cpu()  # rows with >= 2 visible keys; 0 -> NaN
+            ent = torch.where(n > 0, st.ent_sum.cpu() / n.clamp_min(1), math.nan)
+            ent_n = torch.where(n > 0, st.ent_norm_sum.cpu() / n.clamp_min(1), math.nan)
+            er = (st.erank_sum.cpu() / st.erank_n if st.erank_n
+                  else torch.full((st.n_head,), math.nan))
+            for name, vals in (("entropy", ent), ("entropy_norm", ent_n), ("logit_erank", er)):
+                out += [(li, h, name, float(vals[h])) for h in range(st.n_head)]
+                out.append((li, None, name, float(vals.mean())))
+        return out
+
+
+def weight_rows_from(qk: Sequence[tuple[Tensor, Tensor]], n_head: int, n_kv: int) -> list[Row]:
+    """Weight-spectrum rows from per-layer ``(W_q, W_k)`` torch weights.
+
+    ``W_q``: ``[H*dh, d_model]``; ``W_k``: ``[H_kv*dh, d_model]``. Query head ``h`` pairs with
+    key head ``h // (H / H_kv)``. Layer rows: PR of the whole matrices; mean over heads of the
+    interaction PR and effective rank.
+    """
+    rows: list[Row] = []
+    rep = n_head // n_kv
+    for li, (wq, wk) in enumerate(qk):
+        wq, wk = wq.detach().double().cpu(), wk.detach().double().cpu()
+        dh = wq.shape[0] // n_head
+        rows += [(li, None, "pr_wq", M.weight_pr(wq)), (li, None, "pr_wk", M.weight_pr(wk))]
+        qk_pr, qk_er = [], []
+        for h in range(n_head):
+            wq_h = wq[h * dh:(h + 1) * dh]
+            g = h // rep
+            wk_h = wk[g * dh:(g + 1) * dh]
+            s = M.interaction_singular_values(wq_h, wk_h)
+            qk_pr.append(M.spectrum_pr(s))
+            qk_er.append(M.effective_rank(s))
+            rows += [(li, h, "pr_wq", M.weight_pr(wq_h)), (li, h, "pr_wk", M.weight_pr(wk_h)),
+                     (li, h, "qk_pr", qk_pr[-1]), (li, h, "qk_erank", qk_er[-1])]
+        rows += [(li, None, "qk_pr", sum(qk_pr) / len(qk_pr)),
+                 (li, None, "qk_erank", sum(qk_er) / len(qk_er))]
+    return rows
+
+
+# ====================================================================== text
+def default_text() -> Path:
+    """The WikiText test text: ``$QKGEOM_DATA/wiki.test.raw``, the cache, or a download."""
+    from qkgeom import data
+
+    cands = []
+    env = os.environ.get("QKGEOM_DATA")
+    if env:
+        cands.append(Path(env) / "wiki.test.raw" if Path(env).is_dir() else Path(env))
+    cands += [data.cache_dir() / n / "wiki.test.raw" for n in ("wikitext-103", "wikitext-2")]
+    for c in cands:
+        if c.is_file():
+            return c
+    try:
+        return data._download("wikitext-103") / "wiki.test.raw"
+    except QkgeomError as e:
+        raise PretrainedError(f"no default text ({e}); pass --text PATH to a text file, "
+                              "e.g. shared/data/wikitext/wiki.test.raw") from None
+
+
+def read_text(path: str | Path | None) -> tuple[str, Path]:
+    p = default_text() if path is None else Path(path).expanduser()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise PretrainedError(f"cannot read --text {p}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise PretrainedError(f"--text {p} is not UTF-8 text") from None
+    if not text.strip():
+        raise PretrainedError(f"--text {p} is empty")
+    return text, p
+
+
+def tokenize_text(tokenizer: Any, text: str, max_tokens: int | None,
+                  block_chars: int = 1 << 20) -> list[int]:
+    """Token ids of ``text`` (no special tokens), tokenized in newline-aligned blocks."""
+    ids: list[int] = []
+    pos = 0
+    while pos < len(text) and (max_tokens is None or len(ids) < max_tokens):
+        end = min(len(text), pos + block_chars)
+        if end < len(text):
+            nl = text.rfind("\n", pos, end)
+            end = nl + 1 if nl > pos else end
+        ids += tokenizer(text[pos:end], add_special_tokens=False)["input_ids"]
+        pos = end
+    return ids if max_tokens is None else ids[:max_tokens]
+
+
+def special_affixes(tokenizer: Any) -> tuple[list[int], list[int]]:
+    """The ids the tokenizer adds around a text (e.g. ``[BOS]``, or ``[CLS]`` ... ``[SEP]``)."""
+    bare = tokenizer("hello", add_special_tokens=False)["input_ids"]
+    full = tokenizer("hello", add_special_tokens=True)["input_ids"]
+    for i in range(len(full) - len(bare) + 1):
+        if full[i:i + len(bare)] == bare:
+            return list(full[:i]), list(full[i + len(bare):])
+    return [], []
+
+
+def windows(ids: Sequence[int], seq_len: int, prefix: Sequence[int] = (),
+            suffix: Sequence[int] = ()) -> list[list[int]]:
+    """Split ``ids`` into sequences of at most ``seq_len`` tokens including the affixes."""
+    body = seq_len - len(prefix) - len(suffix)
+    if body < 1:
+        raise PretrainedError(f"--seq-len {seq_len} leaves no room for text tokens")
+    return [list(prefix) + list(ids[i:i + body]) + list(suffix)
+            for i in range(0, len(ids), body)]
+
+
+def batches(seqs: list[list[int]], batch_size: int, pad_id: int) -> Iterator[tuple[Tensor, Tensor]]:
+    """``(input_ids, attention_mask)`` batches, right-padded to the longest sequence."""
+    for i in range(0, len(seqs), batch_size):
+        part = seqs[i:i + batch_size]
+        t = max(len(s) for s in part)
+        ids = torch.full((len(part), t), pad_id, dtype=torch.long)
+        am = torch.zeros(len(part), t, dtype=torch.long)
+        for j, s in enumerate(part):
+            ids[j, :len(s)] = torch.tensor(s, dtype=torch.long)
+            am[j, :len(s)] = 1
+        yield ids, am
+
+
+# ====================================================================== transformers capture
+class _Capture:
+    """State of one measuring pass: which module is which layer, the pre-rotary stash."""
+
+    def __init__(self, acc: GeometryAccumulator, layer_of: dict[int, int],
+                 real: Tensor | None = None) -> None:
+        self.acc = acc
+        self.layer_of = layer_of
+        self.real = real  # (B, T) of the current batch
+        self.pre: dict[int, dict[str, Tensor]] = {}
+        self.seen: set[int] = set()
+
+
+_ACTIVE: list[_Capture] = []
+
+
+def visible_from_mask(mask: Tensor | None, module: Any, t: int, s: int,
+                      device: torch.device) -> Tensor:
+    """Bool ``(B|1, 1|H, T, S)`` visibility from the mask transformers passes to attention.
+
+    Float masks are additive (0 where visible, the dtype's minimum where not); bool masks
+    are True where visible; ``None`` means causal for a causal module, else all visible.
+    """
+    if mask is None:
+        if getattr(module, "is_causal", False) and t > 1:
+            return torch.ones(t, s, dtype=torch.bool, device=device).tril(s - t)[None, None]
+        return torch.ones(1, 1, t, s, dtype=torch.bool, device=device)
+    mask = mask[..., :s]
+    if mask.dtype == torch.bool:
+        return mask
+    return mask > torch.finfo(mask.dtype).min / 2
+
+
+def _capture_attention(module: Any, query: Tensor, key: Tensor, value: Tensor,
+                       attention_mask: Tensor | None, scaling: float | None = None,
+                       dropout: float = 0.0, **kwargs: Any) -> tuple[Tensor, Tensor | None]:
+    """The registered ``"qkgeom"`` attention: record q, k and mask, then run eager attention."""
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    cap = _ACTIVE[-1] if _ACTIVE else None
+    if cap is not None and id(module) in cap.layer_of:
+        li = cap.layer_of[id(module)]
+        t, s = query.shape[2], key.shape[2]
+        vis = visible_from_mask(attention_mask, module, t, s, query.device)
+        pre = cap.pre.pop(li, {})
+        real = cap.real.to(query.device) if cap.real is not None else None
+        cap.acc.update(li, query, key, vis, float(scaling), real=real,
+                       q_pre=pre.get("q"), k_pre=pre.get("k"))
+        cap.seen.add(li)
+    mod = sys.modules.get(type(module).__module__)
+    fn = getattr(mod, "eager_attention_forward", None)
+    if fn is None:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        fn = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    return fn(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+              **kwargs)
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    AttentionInterface.register(ATTN_IMPL, _capture_attention)
+    AttentionMaskInterface.register(ATTN_IMPL, eager_mask)  # explicit float masks, no skips
+
+
+@dataclass
+class AttnSite:
+    """One attention layer of a transformers model: its module and how to read q/k."""
+
+    module: Any
+    wq: Tensor  # [H*dh, d_model] torch layout
+    wk: Tensor  # [H_kv*dh, d_model]
+    pre_hooks: list[tuple[Any, Callable[[Tensor], dict[str, Tensor]]]] = field(
+        default_factory=list)
+
+
+def _attention_sites(model: Any, rotary: bool) -> list[AttnSite]:
+    """The self-attention modules of ``model`` in depth order, by family.
+
+    Families: q_proj/k_proj (Llama, Mistral, Qwen, Gemma, OLMo, ...; q_norm/k_norm
+    honoured), GPT-NeoX ``query_key_value`` (per-head interleaved q|k|v), GPT-2 ``c_attn``
+    (Conv1D ``[d, 3d]``) and BERT-style ``query``/``key``.
+    """
+    sites: list[AttnSite] = []
+    for _, m in model.named_modules():
+        if getattr(m, "is_cross_attention", False):
+            continue
+        if hasattr(m, "q_proj") and hasattr(m, "k_proj") and hasattr(m, "o_proj"):
+            site = AttnSite(m, m.q_proj.weight, m.k_proj.weight)
+            if rotary:
+                qm = getattr(m, "q_norm", None) or m.q_proj
+                km = getattr(m, "k_norm", None) or m.k_proj
+                site.pre_hooks = [(qm, lambda o: {"q": o.reshape(*o.shape[:2], -1)}),
+                                  (km, lambda o: {"k": o.reshape(*o.shape[:2], -1)})]
+        elif hasattr(m, "query_key_value") and hasattr(m, "head_size"):
+            hs = m.head_size
+            w = m.query_key_value.weight  # [3*H*hs, d] with rows (H, 3, hs)
+            nh = w.shape[0] // (3 * hs)
+            w3 = w.view(nh, 3, hs, -1)
+            site = AttnSite(m, w3[:, 0].reshape(nh * hs, -1), w3[:, 1].reshape(nh * hs, -1))
+
+            def split(o: Tensor, nh: int = nh, hs: int = hs) -> dict[str, Tensor]:
+                o = o.view(*o.shape[:2], nh, 3 * hs)
+                return {"q": o[..., :hs].reshape(*o.shape[:2], -1),
+                        "k": o[..., hs:2 * hs].reshape(*o.shape[:2], -1)}
+
+            if rotary:
+                site.pre_hooks = [(m.query_key_value, split)]
+        elif hasattr(m, "c_attn") and hasattr(m, "split_size"):
+            w = m.c_attn.weight.T  # Conv1D stores [d_in, d_out]
+            d = m.split_size
+            site = AttnSite(m, w[:d], w[d:2 * d])
+        elif (hasattr(m, "query") and hasattr(m, "key") and hasattr(m, "value")
+              and isinstance(getattr(m, "query", None), torch.nn.Linear)):
+            site = AttnSite(m, m.query.weight, m.key.weight)
+        else:
+            continue
+        sites.append(site)
+    return sites
+
+
+@contextlib.contextmanager
+def capturing(model: Any, acc: GeometryAccumulator) -> Iterator[_Capture]:
+    """Within the block, ``model``'s forward passes feed ``acc`` (one update per layer)."""
+    _register_attention()
+    rotary = any("rotary" in type(m).__name__.lower() for m in model.modules())
+    sites = _attention_sites(model, rotary)
+    if not sites:
+        raise PretrainedError(f"found no supported self-attention modules in "
+                              f"{type(model).__name__}; supported: Llama-style q_proj/k_proj, "
+                              "GPT-NeoX, GPT-2, BERT-style encoders")
+    cap = _Capture(acc, {id(s.module): i for i, s in enumerate(sites)})
+    handles = []
+    for li, site in enumerate(sites):
+        for mod, fn in site.pre_hooks:
+            def hook(_m, _i, out, li=li, fn=fn):
+                cap.pre.setdefault(li, {}).update(
+                    {k: v.detach() for k, v in fn(out).items()})
+            handles.append(mod.register_forward_hook(hook))
+    old = model.config._attn_implementation
+    model.set_attn_implementation(ATTN_IMPL)
+    _ACTIVE.append(cap)
+    try:
+        yield cap
+    finally:
+        _ACTIVE.remove(cap)
+        for hd in handles:
+            hd.remove()
+        model.set_attn_implementation(old)
+
+
+# ====================================================================== loading
+@dataclass
+class Loaded:
+    """A model ready to measure."""
+
+    model: Any
+    tokenizer: Any
+    meta: dict[str, Any]
+
+
+def _is_local(model_id: str) -> bool:
+    return Path(model_id).expanduser().exists()
+
+
+def load_hf(model_id: str, *, revision: str | None = None, gguf_file: str | None = None,
+            dtype: str = "float32", device: str = "cpu") -> Loaded:
+    """Load a transformers model (base model, no head) and its tokenizer.
+
+    ``model_id``: a local directory or a Hub id (downloaded once into the Hugging Face cache
+    at ``revision``, e.g. ``step3000`` for Pythia). ``gguf_file``: a GGUF file inside the
+    directory (dequantized to ``dtype`` by transformers). Offline without a local copy, a
+    :class:`PretrainedError` names ``--model PATH``.
+    """
+    try:
+        import transformers
+        from transformers import AutoModel, AutoTokenizer
+    except ImportError:
+        raise PretrainedError("probe-pretrained needs transformers: pip install "
+                              "'qkgeom[hf]' (transformers, gguf, tokenizers, sentencepiece)") from None
+    path = Path(model_id).expanduser()
+    if gguf_file and Path(gguf_file).is_absolute():
+        path, gguf_file = Path(gguf_file).parent, Path(gguf_file).name
+    local = path.exists()
+    if local and gguf_file and not (path / gguf_file).is_file():
+        raise PretrainedError(f"--gguf-file {gguf_file} not found in {path}")
+    src = str(path) if local else model_id
+    kw: dict[str, Any] = {}
+    if gguf_file:
+        kw["gguf_file"] = gguf_file
+    if revision and not local:
+        kw["revision"] = revision
+    torch_dtype = getattr(torch, dtype, None)
+    if not isinstance(torch_dtype, torch.dtype):
+        raise PretrainedError(f"--dtype {dtype!r} is not a torch dtype (float32, bfloat16, ...)")
+    try:
+        tok = AutoTokenizer.from_pretrained(src, **kw)
+        model = AutoModel.from_pretrained(src, dtype=torch_dtype, attn_implementation="eager",
+                                          **kw)
+    except (OSError, ValueError) as e:
+        offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if local:
+            raise PretrainedError(f"cannot load model from {path}: {first}") from None
+        why = ("HF_HUB_OFFLINE is set and it is not in the local Hugging Face cache"
+               if offline else "not in the local cache and the Hub did not provide it")
+        raise PretrainedError(
+            f"cannot load {model_id!r}{f' at revision {revision}' if revision else ''}: {why} "
+            f"({first}). Pass --model PATH to a local copy (a directory with config.json and "
+            "weights, or a directory plus --gguf-file FILE), or run online to download it"
+        ) from None
+    model.to(device).eval()
+    cfg = model.config
+    meta = {
+        "source": "transformers", "model_type": cfg.model_type,
+        "transformers": transformers.__version__, "dtype": dtype, "gguf_file": gguf_file,
+        "path": str(path) if local else None, "revision": revision,
+        "max_positions": _max_positions(cfg, tok),
+    }
+    return Loaded(model, tok, meta)
+
+
+def _max_positions(cfg: Any, tok: Any) -> int | None:
+    for k in ("max_position_embeddings", "n_positions", "n_ctx"):
+        v = getattr(cfg, k, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    v = getattr(tok, "model_max_length", None)
+    return v if isinstance(v, int) and v < 10**7 else None
+
+
+# ====================================================================== measuring
+@dataclass
+class Measurement:
+    rows: list[Row]
+    meta: dict[str, Any]
+
+
+def measure_hf(loaded: Loaded, text: str, *, max_tokens: int | None = DEFAULT_MAX_TOKENS,
+               seq_len: int | None = None, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+               erank_seqs: int = DEFAULT_ERANK_SEQS, progress: Progress | None = None,
+               ids: Sequence[int] | None = None) -> Measurement:
+    """All metric rows of a transformers model on ``text`` (or pre-tokenized ``ids``).
+
+    The text is tokenized without special tokens, cut into sequences of ``seq_len`` tokens
+    (the tokenizer's own BOS / CLS+SEP added to each), and run ``chunk_tokens // seq_len``
+    sequences per forward pass; the last sequence is right-padded and padding is masked out.
+    """
+    model, tok = loaded.model, loaded.tokenizer
+    maxpos = loaded.meta.get("max_positions")
+    if seq_len is None:
+        seq_len = min(DEFAULT_SEQ_LEN, maxpos or DEFAULT_SEQ_LEN)
+    if maxpos and seq_len > maxpos:
+        raise PretrainedError(f"--seq-len {seq_len} exceeds the model's {maxpos} positions")
+    if ids is None:
+        ids = tokenize_text(tok, text, max_tokens)
+    elif max_tokens is not None:
+        ids = ids[:max_tokens]
+    if len(ids) < 2:
+        raise PretrainedError("the text gives fewer than 2 tokens; pass a longer --text")
+    prefix, suffix = special_affixes(tok)
+    seqs = windows(ids, seq_len, prefix, suffix)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    bs = max(1, chunk_tokens // seq_len)
+    device = next(model.parameters()).device
+    acc = GeometryAccumulator(erank_seqs=erank_seqs)
+    t0 = time.perf_counter()
+    done = 0
+    with capturing(model, acc) as cap, torch.no_grad():
+        for x, am in batches(seqs, bs, pad):
+            cap.real = am.bool()
+            cap.seen.clear()
+            model(input_ids=x.to(device), attention_mask=am.to(device), use_cache=False)
+            if len(cap.seen) != len(cap.layer_of):
+                raise PretrainedError(
+                    f"captured {len(cap.seen)} of {len(cap.layer_of)} attention layers; this "
+                    f"model family ({loaded.meta['model_type']}) routes attention elsewhere")
+            done += int(am.sum())
+            if progress is not None:
+                el = time.perf_counter() - t0
+                progress(done, sum(map(len, seqs)), {"tokens_per_s": done / max(el, 1e-9)})
+    wall = time.perf_counter() - t0
+    st0 = acc.layers[0]
+    sites = _attention_sites(model, rotary=False)
+    rows = weight_rows_from([(s.wq, s.wk) for s in sites], st0.n_head, st0.n_kv) + acc.rows()
+    meta = dict(loaded.meta)
+    meta.update(
+        n_layers=len(acc.layers), n_heads=st0.n_head, n_kv_heads=st0.n_kv, d_head=st0.d_head,
+        d_model=int(sites[0].wq.shape[1]), text_tokens=len(ids), tokens=done,
+        sequences=len(seqs), seq_len=seq_len, chunk_tokens=bs * seq_len,
+        special_prefix=prefix, special_suffix=suffix, erank_seqs=min(erank_seqs, len(seqs)),
+        rotary=st0.cov_q_pre is not None, wall_s=wall, tokens_per_s=done / max(wall, 1e-9),
+        vectors="pr_q/pr_k: post-rotary q/k as used in q k^T; pr_*_prerot: projections",
+    )
+    return Measurement(rows, meta)
+
+
+# ====================================================================== own checkpoints
+def revision_step(revision: str) -> int | None:
+    """The training step a revision name encodes (``step3000``, ``step_0003000``), or None."""
+    m = re.fullmatch(r"(?:.*[^0-9])?step[_-]?(\d+)", revision)
+    return int(m.group(1)) if m else None
+
+
+def checkpoint_dirs(root: str | Path) -> list[tuple[int, Path]]:
+    """``(step, dir)`` of qkgeom checkpoints under ``root`` (or ``root`` itself), by step."""
+    from qkgeom.train import STATE_FILE
+
+    root = Path(root).expanduser()
+    if (root / STATE_FILE).is_file():
+        step = revision_step(root.name)
+        return [(step if step is not None else -1, root)]
+    out = []
+    if root.is_dir():
+        for d in root.iterdir():
+            st = revision_step(d.name)
+            if d.is_dir() and st is not None and (d / STATE_FILE).is_file():
+                out.append((st, d))
+    return sorted(out)
+
+
+def resolve_checkpoints(spec: str, store: Any | None) -> tuple[str, list[tuple[int, Path]]]:
+    """``(model id, [(step, dir)])`` for ``--checkpoints``: a directory or ``SWEEP/TRIAL_KEY``.
+
+    A directory gives model id ``qkgeom:<dir>``; a sweep/trial (looked up in the database's
+    ``checkpoints`` table) gives ``qkgeom:SWEEP/TRIAL_KEY``.
+    """
+    p = Path(spec).expanduser()
+    if p.is_dir():
+        found = checkpoint_dirs(p)
+        if not found:
+            raise PretrainedError(f"no qkgeom checkpoints (step_N/state.pt) under {p}")
+        return f"qkgeom:{p.resolve()}", found
+    if "/" not in spec:
+        raise PretrainedError(f"--checkpoints {spec!r} is neither a directory nor SWEEP/TRIAL_KEY")
+    if store is None:
+        raise PretrainedError("--checkpoints SWEEP/TRIAL_KEY needs the results database (--db)")
+    sweep, key = spec.split("/", 1)
+    df = store.sql(
+        "SELECT c.step AS step, c.location AS location FROM checkpoints c "
+        "JOIN trials t ON t.id = c.trial_id JOIN sweeps s ON s.id = t.sweep_id "
+        "WHERE s.name = :sweep AND t.trial_key = :key ORDER BY c.step",
+        {"sweep": sweep, "key": key})
+    if df.height == 0:
+        raise PretrainedError(f"no checkpoints recorded for trial {key!r} of sweep {sweep!r}; "
+                              "list trials with `qkgeom db sql` or pass a checkpoint directory")
+    found = [(int(s), Path(loc)) for s, loc in zip(df["step"].to_list(), df["location"].to_list())]
+    missing = [str(d) for _, d in found if not d.exists()]
+    if missing:
+        raise PretrainedError(f"checkpoint directories not found on this machine: "
+                              f"{', '.join(missing[:3])}; copy them here or pass a directory")
+    return f"qkgeom:{spec}", found
+
+
+def load_checkpoint(directory: str | Path, device: str = "cpu") -> tuple[Any, list[str], dict]:
+    """``(GPT in eval mode, chars, config dict)`` from a qkgeom checkpoint directory."""
+    from qkgeom.config import TrialConfig
+    from qkgeom.model import GPT
+    from qkgeom.train import STATE_FILE
+
+    path = Path(directory) / STATE_FILE
+    try:
+        state = torch.load(path, map_location=device, weights_only=False)
+    except (OSError, RuntimeError) as e:
+        raise PretrainedError(f"cannot read checkpoint {path}: {e}") from None
+    cfg = TrialConfig.from_dict(state["config"])
+    model = GPT(cfg, len(state["chars"]) + 1)
+    model.load_state_dict(state["model"])
+    return model.to(device).eval(), list(state["chars"]), state["config"]
+
+
+def measure_gpt(model: Any, chars: Sequence[str], text: str, *,
+                max_tokens: int | None = DEFAULT_MAX_TOKENS,
+                chunk_tokens: int = DEFAULT_CHUNK_TOKENS, erank_seqs: int = DEFAULT_ERANK_SEQS,
+                progress: Progress | None = None) -> Measurement:
+    """The same metrics for qkgeom's own character-level GPT (context ``block_size``)."""
+    from qkgeom.data import UNK
+    from qkgeom.probe import weight_rows
+
+    lut = {c: i + 1 for i, c in enumerate(chars)}
+    n = len(text) if max_tokens is None else min(len(text), max_tokens)
+    ids = [lut.get(c, UNK) for c in text[:n]]
+    seq_len = model.cfg.block_size
+    seqs = windows(ids, seq_len)
+    bs = max(1, chunk_tokens // seq_len)
+    device = next(model.parameters()).device
+    acc = GeometryAccumulator(erank_seqs=erank_seqs)
+    layers = model.attn_layers()
+    cur: dict[int, dict[str, Tensor]] = {}
+    handles = []
+    for li, a in enumerate(layers):
+        for name in ("q", "k"):
+            def grab(_m, _i, out, li=li, name=name):
+                cur.setdefault(li, {})[name] = out.detach()
+            handles.append(getattr(a, f"hook_{name}").register_forward_hook(grab))
+    t0 = time.perf_counter()
+    done = 0
+    try:
+        with torch.no_grad():
+            for x, am in batches(seqs, bs, UNK):
+                cur.clear()
+                model(x.to(device))
+                t = x.shape[1]
+                real = am.bool().to(device)
+                vis = M.causal_visible(t, device=device)[None, None]  # (1, 1, T, T)
+                for li in range(len(layers)):
+                    q, k = cur[li]["q"], cur[li]["k"]  # (B, nh, T, hs)
+                    acc.update(li, q, k, vis, q.shape[-1] ** -0.5, real=real)
+                done += int(am.sum())
+                if progress is not None:
+                    el = time.perf_counter() - t0
+                    progress(done, n, {"tokens_per_s": done / max(el, 1e-9)})
+    finally:
+        for hd in handles:
+            hd.remove()
+    wall = time.perf_counter() - t0
+    cfg = model.cfg
+    meta = dict(source="qkgeom", n_layers=cfg.n_layer, n_heads=cfg.n_head,
+                n_kv_heads=cfg.n_head, d_head=cfg.d_head, d_model=cfg.n_embd, text_tokens=n,
+                tokens=done, sequences=len(seqs), seq_len=seq_len, chunk_tokens=bs * seq_len,
+                erank_seqs=min(erank_seqs, len(seqs)), rotary=False, wall_s=wall,
+                tokens_per_s=done / max(wall, 1e-9))
+    return Measurement(weight_rows(model) + acc.rows(), meta)
+
+
+# ====================================================================== drivers
+@dataclass
+class Stored:
+    model: str
+    revision: str
+    step: int | None
+    run_id: int | None
+    n_rows: int
+    meta: dict[str, Any]
+
+
+def probe_pretrained(model_id: str, *, revisions: Sequence[str] | None = None,
+                     gguf_file: str | None = None, text_path: str | Path | None = None,
+                     max_tokens: int | None = DEFAULT_MAX_TOKENS, seq_len: int | None = None,
+                     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+                     erank_seqs: int = DEFAULT_ERANK_SEQS, name: str | None = None,
+                     dtype: str = "float32", device: str = "cpu", store: Any | None = None,
+                     progress: Callable[[str], Progress] | None = None) -> list[Stored]:
+    """Measure ``model_id`` at each revision and store it under ``name`` (default: the id).
+
+    ``revisions`` default: ``[None]`` (the Hub's default branch, or the local files), stored
+    as revision ``main`` (``local`` for a path). A revision's step comes from its name
+    (``stepN``), else None. ``progress(label)`` returns a per-revision progress callback.
+    """
+    text, tpath = read_text(text_path)
+    name = name or (model_id + (f"#{gguf_file}" if gguf_file else ""))
+    out = []
+    for rev in (list(revisions) if revisions else [None]):
+        loaded = load_hf(model_id, revision=rev, gguf_file=gguf_file, dtype=dtype,
+                         device=device)
+        label = rev or ("local" if _is_local(model_id) else "main")
+        m = measure_hf(loaded, text, max_tokens=max_tokens, seq_len=seq_len,
+                       chunk_tokens=chunk_tokens, erank_seqs=erank_seqs,
+                       progress=progress(label) if progress else None)
+        m.meta["text"] = str(tpath)
+        step = revision_step(label)
+        rid = store.write_pretrained(name, label, step, m.meta, m.rows) if store else None
+        out.append(Stored(name, label, step, rid, len(m.rows), m.meta))
+        del loaded
+    return out
+
+
+def probe_checkpoints(spec: str, *, store: Any | None, text_path: str | Path | None = None,
+                      max_tokens: int | None = DEFAULT_MAX_TOKENS,
+                      chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+                      erank_seqs: int = DEFAULT_ERANK_SEQS, name: str | None = None,
+                      device: str = "cpu",
+                      progress: Callable[[str], Progress] | None = None) -> list[Stored]:
+    """Measure every checkpoint of a qkgeom trial; each is stored as revision ``step_N``."""
+    model_id, found = resolve_checkpoints(spec, store)
+    name = name or model_id
+    text, tpath = read_text(text_path)
+    out = []
+    for step, d in found:
+        model, chars, cfg = load_checkpoint(d, device)
+        label = f"step_{step}"
+        m = measure_gpt(model, chars, text, max_tokens=max_tokens, chunk_tokens=chunk_tokens,
+                        erank_seqs=erank_seqs, progress=progress(label) if progress else None)
+        m.meta.update(text=str(tpath), checkpoint=str(d), config=cfg)
+        st = None if step < 0 else step
+        rid = store.write_pretrained(name, label, st, m.meta, m.rows) if store else None
+        out.append(Stored(name, label, st, rid, len(m.rows), m.meta))
+    return out
