@@ -353,12 +353,14 @@ def _last_window(values: pl.DataFrame, window: int, by_layer: bool) -> pl.DataFr
 
 def paired_deltas(store: Any, sweep: str, *, arm: str, baseline: str = BASELINE_ARM,
                   metric: str = "entropy", window: int = DEFAULT_WINDOW,
-                  per_layer: bool = False, finished_only: bool = True) -> PairedDeltas:
+                  per_layer: bool = False, finished_only: bool = True,
+                  values: pl.DataFrame | None = None) -> PairedDeltas:
     """Per seed, ``metric(arm) - metric(baseline)``, each the mean over the trial's last
     ``window`` probes and over layers; paired by (depth, init, seed).
 
     The baseline of a seed is every ``baseline``-arm trial at the arm's depth, init and
-    seed (normally exactly one; several are averaged and noted).
+    seed (normally exactly one; several are averaged and noted). ``values``: layer rows
+    already read (see :func:`intervention_values`), to avoid reading them again.
     """
     check_metric(store, metric)
     if window < 1:
@@ -382,7 +384,11 @@ def paired_deltas(store: Any, sweep: str, *, arm: str, baseline: str = BASELINE_
                             "them or pass --include-unfinished")
     cells = t_arm.select("depth", "init").unique()
     t_base = t.filter(pl.col("arm") == baseline).join(cells, on=["depth", "init"])
-    vals = layer_values(store, t["trial_id"].to_list(), [metric])
+    if values is None:
+        vals = layer_values(store, t["trial_id"].to_list(), [metric])
+    else:
+        vals = values.filter((pl.col("metric") == metric)
+                             & pl.col("trial_id").is_in(t["trial_id"].to_list()))
     if vals.height == 0:
         raise AnalysisError(f"sweep {sweep!r} has no layer-level {metric!r} values for arms "
                             f"{arm!r}/{baseline!r}; were the trials probed?")
@@ -430,6 +436,19 @@ def paired_deltas(store: Any, sweep: str, *, arm: str, baseline: str = BASELINE_
                         pair(True) if per_layer else None, notes)
 
 
+def intervention_values(store: Any, sweep: str, *, arm: str, baseline: str,
+                        metrics: list[str]) -> pl.DataFrame | None:
+    """Layer rows of ``metrics`` for the arm's trials and the baseline trials in the arm's
+    (depth, init) cells, read in one query (None when the arm has no trials)."""
+    t = trials(store, sweep)
+    a = t.filter(pl.col("arm") == arm)
+    if a.height == 0:
+        return None
+    b = t.filter(pl.col("arm") == baseline).join(a.select("depth", "init").unique(),
+                                                 on=["depth", "init"])
+    return layer_values(store, a["trial_id"].to_list() + b["trial_id"].to_list(), metrics)
+
+
 def default_sign(arm: str, predicted_sign: int | None) -> int:
     if predicted_sign is not None:
         if predicted_sign not in (-1, 1):
@@ -469,7 +488,8 @@ def _rng(seed: int, *extra: int) -> np.random.Generator:
 
 
 def key_check(store: Any, sweep: str, *, arm: str, baseline: str = BASELINE_ARM,
-              window: int = DEFAULT_WINDOW, finished_only: bool = True) -> dict[str, Any]:
+              window: int = DEFAULT_WINDOW, finished_only: bool = True,
+              values: pl.DataFrame | None = None) -> dict[str, Any]:
     """Did the arm move the keys' geometry relative to the baseline, seed by seed?
 
     For the achieved W_K weight PR (``pr_wk``) and the key-activation PR (``pr_k``):
@@ -480,7 +500,7 @@ def key_check(store: Any, sweep: str, *, arm: str, baseline: str = BASELINE_ARM,
     for m in ("pr_wk", "pr_k"):
         try:
             p = paired_deltas(store, sweep, arm=arm, baseline=baseline, metric=m,
-                              window=window, finished_only=finished_only)
+                              window=window, finished_only=finished_only, values=values)
         except AnalysisError as e:
             out[m] = {"error": str(e)}
             continue
@@ -506,8 +526,12 @@ def directional(store: Any, sweep: str, *, arm: str, baseline: str = BASELINE_AR
     if n_boot < stats.MIN_BOOT_DIRECTIONAL:
         raise AnalysisError(f"--boot must be at least {stats.MIN_BOOT_DIRECTIONAL} "
                             f"(the paper's B), got {n_boot}")
+    check_metric(store, metric)
+    metrics = list(dict.fromkeys([metric] + (["pr_wk", "pr_k"] if with_key_check else [])))
+    values = intervention_values(store, sweep, arm=arm, baseline=baseline, metrics=metrics)
     p = paired_deltas(store, sweep, arm=arm, baseline=baseline, metric=metric,
-                      window=window, per_layer=per_layer, finished_only=finished_only)
+                      window=window, per_layer=per_layer, finished_only=finished_only,
+                      values=values)
     sign = default_sign(arm, predicted_sign)
     res = stats.directional_confidence(p.table["delta"].to_numpy(), predicted_sign=sign,
                                        n_boot=n_boot, rng=_rng(seed))
@@ -526,7 +550,7 @@ def directional(store: Any, sweep: str, *, arm: str, baseline: str = BASELINE_AR
                                               if k not in ("deltas",)}})
         layers.sort(key=lambda x: x["layer"])
     kc = key_check(store, sweep, arm=arm, baseline=baseline, window=window,
-                   finished_only=finished_only) if with_key_check else None
+                   finished_only=finished_only, values=values) if with_key_check else None
     return DirectionalReport(p, res, seed, layers, kc)
 
 

@@ -300,9 +300,20 @@ def directional_confidence(delta: Sequence[float] | np.ndarray, *, predicted_sig
 
 
 def _avg_ranks(a: np.ndarray) -> np.ndarray:
-    from scipy.stats import rankdata
-
-    return rankdata(a)
+    """1-based ranks with ties given their mean rank; equals ``scipy.stats.rankdata(a)``
+    (computed here to keep the slow ``scipy.stats`` import off every command's path)."""
+    a = np.asarray(a, dtype=float).ravel()
+    n = a.size
+    order = np.argsort(a, kind="mergesort")
+    s = a[order]
+    is_start = np.ones(n, dtype=bool)
+    is_start[1:] = s[1:] != s[:-1]
+    starts = np.flatnonzero(is_start)
+    counts = np.diff(np.append(starts, n))
+    avg = starts + 0.5 * (counts + 1)  # group of c ties starting at s: ranks s+1..s+c
+    out = np.empty(n, dtype=float)
+    out[order] = np.repeat(avg, counts)
+    return out
 
 
 def _pearson(a: np.ndarray, b: np.ndarray) -> float:
@@ -349,17 +360,13 @@ class _WeightedRanks:
 
         # Work buffers reused across resamples: fresh 100k-element temporaries per call
         # cost more in page faults than the arithmetic itself.
-        k = self.starts.size
         self._c = np.empty(n, dtype=np.int64)
-        self._cum = np.empty(k, dtype=np.int64)
-        self._cumf = np.empty(k, dtype=float)
-        self._out = np.empty(n, dtype=float)
+        self._cum = np.empty(self.starts.size, dtype=np.int64)
+        self._out = np.empty(n, dtype=np.int64)
 
     def __call__(self, w: np.ndarray, n: int) -> np.ndarray:
-        if self.identity:
-            c = w
-        else:
-            c = np.take(w, self.order, out=self._c)
+        """Doubled, centred ranks (int64) of every original point in the resample ``w``."""
+        c = w if self.identity else np.take(w, self.order, out=self._c)
         if self.ties:
             c = np.add.reduceat(c, self.starts)
         cum = np.cumsum(c, out=self._cum)
@@ -367,11 +374,12 @@ class _WeightedRanks:
         cum -= c
         cum -= n  # 2 * (avg rank - (n + 1) / 2)
         if self.identity and not self.ties:
-            self._out[:] = cum
-        else:
-            self._cumf[:] = cum
-            np.take(self._cumf, self.inv, out=self._out)
-        return self._out
+            return cum
+        return np.take(cum, self.inv, out=self._out)
+
+
+# Below this many points the resample sums fit in int64 exactly (|sum| <= n^3 < 2^63).
+_EXACT_INT_N = 1_000_000
 
 
 def _resample_spearman(w: np.ndarray, rx: _WeightedRanks, ry: _WeightedRanks) -> float:
@@ -379,10 +387,13 @@ def _resample_spearman(w: np.ndarray, rx: _WeightedRanks, ry: _WeightedRanks) ->
     n = int(w.sum())
     a = rx(w, n)
     b = ry(w, n)
-    wf = w.astype(float)
-    wa = wf * a
-    den = math.sqrt(float(wa @ a) * float((wf * b) @ b))
-    return float(wa @ b) / den if den > 0 else math.nan
+    if n > _EXACT_INT_N:
+        w, a, b = w.astype(float), a.astype(float), b.astype(float)
+    wa = w * a
+    # int64 dot products are exact; float() only at the end
+    saa, sbb, sab = float(np.dot(wa, a)), float(np.dot(w * b, b)), float(np.dot(wa, b))
+    den = math.sqrt(saa * sbb)
+    return sab / den if den > 0 else math.nan
 
 
 @dataclass

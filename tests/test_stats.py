@@ -242,3 +242,10 @@ def test_checkpoint_trend_edge_cases():
         S.checkpoint_trend([1, 1, 2], [1, 2, 3])
     r = S.checkpoint_trend([0, 1, 2, 3], [1.0, math.nan, 2.0, 3.0])
     assert r.n_checkpoints == 3
+
+
+def test_avg_ranks_equal_rankdata():
+    rng = np.random.default_rng(8)
+    for n in (1, 2, 5, 100, 1001):
+        for a in (rng.normal(size=n), rng.integers(0, 4, n).astype(float)):
+            np.testing.assert_array_equal(S._avg_ranks(a), ss.rankdata(a))
