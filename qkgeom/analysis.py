@@ -179,18 +179,22 @@ def _require_rows(df: pl.DataFrame, sweep: str, metrics: list[str], what: str) -
 
 def pr_gap_units(store: Any, sweep: str, *, level: str = "trajectory",
                  depth: int | None = None, init: str | None = None, arm: str = BASELINE_ARM,
-                 finished_only: bool = True) -> pl.DataFrame:
+                 finished_only: bool = True, values: pl.DataFrame | None = None
+                 ) -> pl.DataFrame:
     """PR_Q, PR_K and their gap per unit and step.
 
     Columns: unit columns (depth, init, layer, plus trial_id and seed at run level), step,
     progress, pr_q, pr_k, gap (= pr_q - pr_k), n_seeds. At trajectory level each value is
     the mean over seeds at that step (seeds missing a step are simply absent).
+    ``values``: pr_q/pr_k layer rows already read (a superset is fine), to avoid a re-read.
     """
     if level not in LEVELS:
         raise AnalysisError(f"unknown level {level!r}; use one of {', '.join(LEVELS)}")
     t = _select_trials(store, sweep, arms=[arm], depth=depth, init=init,
                        finished_only=finished_only)
-    rows = layer_values(store, t["trial_id"].to_list(), ["pr_q", "pr_k"])
+    ids = t["trial_id"].to_list()
+    rows = (layer_values(store, ids, ["pr_q", "pr_k"]) if values is None else
+            values.filter(pl.col("trial_id").is_in(ids) & pl.col("metric").is_in(["pr_q", "pr_k"])))
     w = _wide(rows, ["pr_q", "pr_k"], ["trial_id", "step", "progress", "layer"])
     _require_rows(w, sweep, ["pr_q", "pr_k"], f"arm {arm!r}")
     w = w.join(t.select("trial_id", "depth", "init", "seed"), on="trial_id")
@@ -248,10 +252,15 @@ class SignTestReport:
 
 def sign_test(store: Any, sweep: str, *, summary: str = "final", level: str = "trajectory",
               depth: int | None = None, init: str | None = None,
-              finished_only: bool = True) -> SignTestReport:
-    """One-sided exact sign test that PR_Q - PR_K > 0 over trajectories or runs."""
-    units = pr_gap_units(store, sweep, level=level, depth=depth, init=init,
-                         finished_only=finished_only)
+              finished_only: bool = True, units: pl.DataFrame | None = None
+              ) -> SignTestReport:
+    """One-sided exact sign test that PR_Q - PR_K > 0 over trajectories or runs.
+
+    ``units``: the output of :func:`pr_gap_units` at this level, if already computed.
+    """
+    if units is None:
+        units = pr_gap_units(store, sweep, level=level, depth=depth, init=init,
+                             finished_only=finished_only)
     s = summarise_gap(units, summary=summary, level=level)
     res = stats.sign_test(s["value"].to_numpy())
     cells = []
@@ -291,10 +300,12 @@ class SlopesReport:
 
 
 def slopes(store: Any, sweep: str, *, level: str = "trajectory", depth: int | None = None,
-           init: str | None = None, finished_only: bool = True) -> SlopesReport:
+           init: str | None = None, finished_only: bool = True,
+           units: pl.DataFrame | None = None) -> SlopesReport:
     """Least-squares slopes of PR_Q, PR_K (and their gap) against progress per unit."""
-    units = pr_gap_units(store, sweep, level=level, depth=depth, init=init,
-                         finished_only=finished_only)
+    if units is None:
+        units = pr_gap_units(store, sweep, level=level, depth=depth, init=init,
+                             finished_only=finished_only)
     keys = unit_keys(level)
     grouped = units.group_by(keys, maintain_order=True).agg(
         pl.col("progress"), pl.col("pr_q"), pl.col("pr_k"), pl.col("gap"),
@@ -557,22 +568,41 @@ def directional(store: Any, sweep: str, *, arm: str, baseline: str = BASELINE_AR
 # --------------------------------------------------------------------------- correlations
 
 
+def metric_points(store: Any, sweep: str, metrics: list[str], *, arm: str | None = None,
+                  finished_only: bool = True) -> pl.DataFrame:
+    """One row per (trial, probe, layer), one column per metric (null where missing):
+    trial_id, depth, init, arm, seed, step, progress, layer, *metrics."""
+    for m in metrics:
+        check_metric(store, m)
+    t = _select_trials(store, sweep, arms=None if arm is None else [arm],
+                       finished_only=finished_only)
+    rows = layer_values(store, t["trial_id"].to_list(), metrics)
+    w = rows.pivot(on="metric", index=["trial_id", "step", "progress", "layer"], values="value",
+                   aggregate_function="mean")
+    for m in metrics:
+        if m not in w.columns:
+            w = w.with_columns(pl.lit(None, dtype=pl.Float64).alias(m))
+    return w.join(t.select("trial_id", "depth", "init", "arm", "seed"), on="trial_id").select(
+        "trial_id", "depth", "init", "arm", "seed", "step", "progress", "layer", *metrics).sort(
+        ["trial_id", "step", "layer"])
+
+
 def correlation_points(store: Any, sweep: str, *, x: str, y: str, arm: str | None = None,
-                       finished_only: bool = True) -> pl.DataFrame:
+                       finished_only: bool = True, points: pl.DataFrame | None = None
+                       ) -> pl.DataFrame:
     """One row per (trial, probe, layer) with both metrics: trial_id, depth, init, arm,
-    seed, step, progress, layer, ``x``, ``y``."""
+    seed, step, progress, layer, ``x``, ``y``. ``points``: a :func:`metric_points` frame
+    holding both columns, if already read."""
     check_metric(store, x)
     check_metric(store, y)
     if x == y:
         raise AnalysisError(f"--x and --y are both {x!r}; pick two different metrics")
-    t = _select_trials(store, sweep, arms=None if arm is None else [arm],
-                       finished_only=finished_only)
-    rows = layer_values(store, t["trial_id"].to_list(), [x, y])
-    w = _wide(rows, [x, y], ["trial_id", "step", "progress", "layer"])
+    if points is None:
+        points = metric_points(store, sweep, [x, y], arm=arm, finished_only=finished_only)
+    keep = [c for c in points.columns if c not in METRICS or c in (x, y)]
+    w = points.select(keep).drop_nulls([x, y])
     _require_rows(w, sweep, [x, y], "its trials")
-    return w.join(t.select("trial_id", "depth", "init", "arm", "seed"), on="trial_id").select(
-        "trial_id", "depth", "init", "arm", "seed", "step", "progress", "layer", x, y).sort(
-        ["trial_id", "step", "layer"])
+    return w
 
 
 @dataclass
@@ -592,8 +622,12 @@ class CorrelationReport:
 
 def correlate(store: Any, sweep: str, *, x: str, y: str, n_boot: int = 1000, seed: int = 0,
               arm: str | None = None, finished_only: bool = True,
-              points: pl.DataFrame | None = None) -> CorrelationReport:
-    """Spearman of ``x`` vs ``y`` across probes and runs, overall and per depth."""
+              points: pl.DataFrame | None = None, depth_ci: bool = True) -> CorrelationReport:
+    """Spearman of ``x`` vs ``y`` across probes and runs, overall and per depth.
+
+    ``points``: a :func:`correlation_points` frame, if already read. ``depth_ci=False``
+    gives per-depth rho without a bootstrap CI (cheaper).
+    """
     if n_boot < 100:
         raise AnalysisError(f"--boot must be at least 100 for a CI, got {n_boot}")
     pts = points if points is not None else correlation_points(
@@ -602,9 +636,13 @@ def correlate(store: Any, sweep: str, *, x: str, y: str, n_boot: int = 1000, see
                                 rng=_rng(seed))
     by_depth = []
     for (depth,), part in pts.group_by(["depth"], maintain_order=True):
-        r = stats.spearman_ci(part[x].to_numpy(), part[y].to_numpy(), n_boot=n_boot,
-                              rng=_rng(seed, int(depth)))
-        by_depth.append({"depth": depth, **r.to_dict()})
+        if depth_ci:
+            r = stats.spearman_ci(part[x].to_numpy(), part[y].to_numpy(), n_boot=n_boot,
+                                  rng=_rng(seed, int(depth)))
+            by_depth.append({"depth": depth, **r.to_dict()})
+        else:
+            by_depth.append({"depth": depth, "n": part.height,
+                             "rho": stats.spearman(part[x].to_numpy(), part[y].to_numpy())})
     by_depth.sort(key=lambda r: r["depth"])
     return CorrelationReport(sweep, x, y, overall, by_depth, seed)
 
@@ -702,10 +740,12 @@ def fmt(v: Any, digits: int = 4) -> str:
 # --------------------------------------------------------------------------- plot inputs
 
 
-def trajectory_frame(store: Any, sweep: str, *, finished_only: bool = True) -> pl.DataFrame:
+def trajectory_frame(store: Any, sweep: str, *, finished_only: bool = True,
+                     units: pl.DataFrame | None = None) -> pl.DataFrame:
     """Long trajectories for plotting: depth, init, layer, metric (pr_q/pr_k), step,
     progress, value (mean over seeds), n_seeds."""
-    u = pr_gap_units(store, sweep, level="trajectory", finished_only=finished_only)
+    u = units if units is not None else pr_gap_units(store, sweep, level="trajectory",
+                                                     finished_only=finished_only)
     return u.unpivot(on=["pr_q", "pr_k"], index=["depth", "init", "layer", "step", "progress",
                                                   "n_seeds"],
                      variable_name="metric", value_name="value")

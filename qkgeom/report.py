@@ -67,13 +67,21 @@ class Section:
 # --------------------------------------------------------------------------- claims
 
 
-def _gap_claims(store: Any, sweep: str, fin: bool, sections: list[Section]) -> list[Claim]:
+def _gap_claims(store: Any, sweep: str, fin: bool, sections: list[Section],
+                data: dict[str, Any]) -> list[Claim]:
     paper = ("PR_Q - PR_K > 0 in all 54 (depth, init, layer) trajectories; one-sided sign "
              "test p = 2^-54")
     try:
-        reps = {s: A.sign_test(store, sweep, summary=s, finished_only=fin)
+        # read PR_Q/PR_K once for every summary and level
+        t = A.trials(store, sweep)
+        vals = A.layer_values(store, t.filter(t["arm"] == A.BASELINE_ARM)["trial_id"].to_list(),
+                              ["pr_q", "pr_k"])
+        units = A.pr_gap_units(store, sweep, finished_only=fin, values=vals)
+        run_units = A.pr_gap_units(store, sweep, level="run", finished_only=fin, values=vals)
+        data["units"] = units
+        reps = {s: A.sign_test(store, sweep, summary=s, finished_only=fin, units=units)
                 for s in A.SUMMARIES}
-        run = A.sign_test(store, sweep, summary="final", level="run", finished_only=fin)
+        run = A.sign_test(store, sweep, summary="final", level="run", units=run_units)
     except QkgeomError as e:
         return [Claim("2-gap", paper, str(e), NO_DATA)]
     r = reps["final"].result
@@ -100,13 +108,14 @@ def _gap_claims(store: Any, sweep: str, fin: bool, sections: list[Section]) -> l
         s: reps[s].result.to_dict() for s in A.SUMMARIES} | {"run_final": run.result.to_dict()})]
 
 
-def _slope_claim(store: Any, sweep: str, fin: bool, sections: list[Section]) -> Claim:
+def _slope_claim(store: Any, sweep: str, fin: bool, sections: list[Section],
+                 data: dict[str, Any]) -> Claim:
     from qkgeom import stats
 
     paper = ("PR_Q expands and PR_K shrinks over training: slopes about +0.14 and -0.04 per "
              "unit of training progress (unit unknown)")
     try:
-        rep = A.slopes(store, sweep, finished_only=fin)
+        rep = A.slopes(store, sweep, finished_only=fin, units=data.get("units"))
     except QkgeomError as e:
         return Claim("2-slopes", paper, str(e), NO_DATA)
     q = stats.sign_test(rep.pr_q.slopes)
@@ -133,16 +142,25 @@ def _slope_claim(store: Any, sweep: str, fin: bool, sections: list[Section]) -> 
 
 
 def _correlation_claim(store: Any, sweep: str, fin: bool, seed: int,
-                       sections: list[Section]) -> Claim:
+                       sections: list[Section], data: dict[str, Any]) -> Claim:
     paper = ("Shrinking keys goes with a narrower QK^T interaction spectrum and more peaked "
              "(lower-entropy) attention")
     pairs = [("pr_k", "qk_erank"), ("pr_k", "entropy"), ("qk_erank", "entropy"),
              ("logit_erank", "entropy")]
     res: dict[str, Any] = {}
     rows = []
+    try:  # one read for all four metrics
+        pts = A.metric_points(store, sweep, ["pr_k", "qk_erank", "entropy", "logit_erank"],
+                              finished_only=fin)
+        data["points"] = pts
+    except QkgeomError as e:
+        return Claim("3", paper, str(e), NO_DATA)
     for x, y in pairs:
         try:
-            r = A.correlate(store, sweep, x=x, y=y, n_boot=1000, seed=seed, finished_only=fin)
+            xy = A.correlation_points(store, sweep, x=x, y=y, points=pts)
+            # per-depth rho only: a CI for each depth and pair would dominate the run time
+            r = A.correlate(store, sweep, x=x, y=y, n_boot=1000, seed=seed, points=xy,
+                            depth_ci=False)
         except QkgeomError as e:
             res[f"{y}~{x}"] = {"error": str(e)}
             continue
@@ -283,14 +301,15 @@ def _pretrained_claim(store: Any, sections: list[Section]) -> Claim:
 # --------------------------------------------------------------------------- rendering
 
 
-def _figures(store: Any, sweep: str, fin: bool, seed: int) -> dict[str, Any]:
+def _figures(store: Any, sweep: str, fin: bool, seed: int,
+             data: dict[str, Any]) -> dict[str, Any]:
     from qkgeom import plots
     from qkgeom.stats import spearman
 
     charts: dict[str, Any] = {}
     try:
-        charts["trajectories"] = plots.trajectories(A.trajectory_frame(store, sweep,
-                                                                       finished_only=fin))
+        charts["trajectories"] = plots.trajectories(A.trajectory_frame(
+            store, sweep, finished_only=fin, units=data.get("units")))
     except QkgeomError:
         pass
     try:
@@ -299,7 +318,8 @@ def _figures(store: Any, sweep: str, fin: bool, seed: int) -> dict[str, Any]:
     except QkgeomError:
         pass
     try:
-        pts = A.correlation_points(store, sweep, x="pr_k", y="entropy", finished_only=fin)
+        pts = A.correlation_points(store, sweep, x="pr_k", y="entropy", finished_only=fin,
+                                   points=data.get("points"))
         charts["correlation"] = plots.correlation(
             pts, x="pr_k", y="entropy", seed=seed,
             rho=spearman(pts["pr_k"].to_numpy(), pts["entropy"].to_numpy()))
@@ -358,12 +378,13 @@ def build_report(store: Any, sweep: str, out_dir: str | Path, *, seed: int = 0,
     tr = A.trials(store, sweep)
     sections: list[Section] = []
     claims: list[Claim] = []
-    claims += _gap_claims(store, sweep, fin, sections)
-    claims.append(_slope_claim(store, sweep, fin, sections))
-    claims.append(_correlation_claim(store, sweep, fin, seed, sections))
+    shared: dict[str, Any] = {}  # frames read once and reused by later claims and figures
+    claims += _gap_claims(store, sweep, fin, sections, shared)
+    claims.append(_slope_claim(store, sweep, fin, sections, shared))
+    claims.append(_correlation_claim(store, sweep, fin, seed, sections, shared))
     claims += _intervention_claims(store, sweep, fin, seed, n_boot, sections)
     claims.append(_pretrained_claim(store, sections))
-    charts = _figures(store, sweep, fin, seed)
+    charts = _figures(store, sweep, fin, seed, shared)
 
     design = tr.group_by(["arm", "status"]).len().sort(["arm", "status"]).to_dicts()
     g = tr.filter(tr["arm"] == A.BASELINE_ARM)
