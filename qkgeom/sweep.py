@@ -281,6 +281,8 @@ def build_plan(spec: dict[str, Any], *, name: str | None = None, data: str | Non
                             "grid.inits, interventions.arms or the seeds lists instead")
     if data is not None:
         overrides["dataset"] = str(data)
+        # kept in the stored spec, so that a resume rebuilds the very same configs
+        spec.setdefault("trial", {}).setdefault("overrides", {})["dataset"] = str(data)
     base = TrialConfig(**PRESETS[base_name]).to_dict()
 
     trials: dict[str, TrialSpec] = {}

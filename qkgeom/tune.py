@@ -91,17 +91,23 @@ def _corpus(dataset: str) -> Any:
     return _CORPORA[dataset]
 
 
-def trainable(config: dict[str, Any], db_url: str | None = None) -> None:
+def trainable(config: dict[str, Any], db_url: str | None = None,
+              finished: frozenset = frozenset()) -> None:
     """Tune function trainable: one qkgeom trial (``config["trial"]`` is a TrialSpec dict).
 
     ``db_url`` (worker-direct writes only) arrives through ``tune.with_parameters``, i.e.
     Ray's object store, so the URL and its password never enter the pickled experiment.
+    ``finished``: trial keys the database already has as terminated. On resume, Tune's
+    experiment snapshot (taken every few seconds) may be older than the database and
+    still list such a trial as running; it returns at once instead of training again.
     """
     from qkgeom.config import TrialConfig
     from qkgeom.records import ProbeRecord
     from qkgeom.train import train
 
     spec = TrialSpec.from_dict(config["trial"])
+    if spec.key in finished:
+        return
     cfg_dict = dict(spec.config)
     cfg_dict["device"] = _trial_device(cfg_dict.get("device", "auto"))
     cfg = TrialConfig.from_dict(cfg_dict)
@@ -171,16 +177,20 @@ def _error_text(trial: Any) -> str:
 class DbWriter(Callback):
     """The single database writer, in the driver. Holds no engine when pickled."""
 
-    def __init__(self, sweep: str, direct_writes: bool = False) -> None:
+    def __init__(self, sweep: str, direct_writes: bool = False, keep_last: int = 2,
+                 keep_recent_s: float = 60.0) -> None:
         self.sweep = sweep
         self.direct_writes = direct_writes
+        self.keep_last = keep_last
+        self.keep_recent_s = keep_recent_s
         self._store: Any = None
         self._ids: dict[str, int] = {}
         self._seen: set[str] = set()  # trials whose current attempt has reported
+        self._ckpts: dict[str, list] = {}  # trial id -> [(time registered, Checkpoint)]
 
     def __getstate__(self) -> dict[str, Any]:
         d = self.__dict__.copy()
-        d.update(_store=None, _ids={}, _seen=set())
+        d.update(_store=None, _ids={}, _seen=set(), _ckpts={})
         return d
 
     @property
@@ -203,7 +213,13 @@ class DbWriter(Callback):
             self._ids[key] = tid
         return self._ids[key]
 
+    @staticmethod
+    def _finished(trial: Any) -> bool:
+        return trial.config["trial"]["key"] in _DRIVER.get("finished", ())
+
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        if self._finished(trial):  # done before a driver crash; the trainable skips it
+            return
         self._seen.discard(trial.trial_id)
         self.store.set_trial_status(self._tid(trial), "running", bump_attempts=True)
 
@@ -225,6 +241,28 @@ class DbWriter(Callback):
         step = (trial.last_result or {}).get("step")
         if step is not None:
             self.store.add_checkpoint(self._tid(trial), int(step), str(checkpoint.path))
+        self._prune(trial.trial_id, checkpoint)
+
+    def _prune(self, trial_id: str, checkpoint: Any) -> None:
+        """Delete superseded checkpoints, but only old ones.
+
+        Tune's own ``num_to_keep`` deletes a checkpoint as soon as newer ones exist, yet the
+        experiment snapshot (taken every few seconds) may still name it: a driver killed
+        then leaves a restore pointing at nothing. We keep the newest ``keep_last`` and
+        every checkpoint younger than ``keep_recent_s``, far longer than the snapshot period.
+        """
+        now = time.monotonic()
+        lst = self._ckpts.setdefault(trial_id, [])
+        lst.append((now, checkpoint))
+        keep = lst[-self.keep_last:] if self.keep_last > 0 else []
+        for t, ck in list(lst):
+            if any(ck is k for _, k in keep) or now - t < self.keep_recent_s:
+                continue
+            try:
+                ck.filesystem.delete_dir(ck.path)
+            except Exception:  # already gone, or storage hiccup: pruning is best effort
+                pass
+            lst.remove((t, ck))
 
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self._seen.discard(trial.trial_id)
@@ -235,6 +273,8 @@ class DbWriter(Callback):
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         # trial.status still reads RUNNING here: write the terminal state ourselves
+        if self._finished(trial):
+            return
         self.store.set_trial_status(self._tid(trial), "terminated")
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
@@ -313,6 +353,15 @@ class Progress(Callback):
     def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
         self._maybe_print(trials)
 
+    def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        last = _error_text(trial).splitlines()[-1]
+        print(f"  {trial_name(trial)}: failed ({last}); retrying from its last checkpoint",
+              flush=True)
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        last = _error_text(trial).splitlines()[-1]
+        print(f"  {trial_name(trial)}: failed ({last}); no retries left", flush=True)
+
     def on_experiment_end(self, trials: list, **info: Any) -> None:
         self._maybe_print(trials, force=True)
 
@@ -373,8 +422,11 @@ def _init_ray(opts: SweepOptions) -> None:
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # no TB/CSV/JSON spam
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")  # resume loses little after a kill
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: no Ray tables
-    for name in ("ray", "ray.tune", "ray.train", "ray.data"):
+    for name in ("ray", "ray.train", "ray.data"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    # Tune logs every trial failure with a full traceback; Progress prints one line
+    # instead and the database keeps the error text
+    logging.getLogger("ray.tune").setLevel(logging.CRITICAL)
     env = dict(opts.extra_env)
     if ray.is_initialized():
         return
@@ -465,12 +517,19 @@ def _run_phase(plan: SweepPlan, trials: list[TrialSpec], exp_name: str, opts: Sw
     path = str(Path(storage) / exp_name)
     resources = {"cpu": opts.cpus_per_trial, "gpu": gpus}
     direct_url = _DRIVER["db_url"] if opts.direct_writes else None
-    fn = tune.with_resources(tune.with_parameters(trainable, db_url=direct_url), resources)
-    if tune.Tuner.can_restore(path):
-        if not opts.resume:
-            raise SweepError(f"sweep {plan.name!r} already has a Ray experiment at {path}; "
-                             f"continue it with: qkgeom sweep --resume --name {plan.name} "
-                             "(or pick another --name)")
+    restore = tune.Tuner.can_restore(path)
+    if restore and not opts.resume:
+        raise SweepError(f"sweep {plan.name!r} already has a Ray experiment at {path}; "
+                         f"continue it with: qkgeom sweep --resume --name {plan.name} "
+                         "(or pick another --name)")
+    finished = frozenset()
+    if restore:
+        statuses = trial_statuses(_DRIVER["db_url"], plan.name)
+        finished = frozenset(k for k, v in statuses.items() if v == "terminated")
+    _DRIVER["finished"] = finished
+    fn = tune.with_resources(
+        tune.with_parameters(trainable, db_url=direct_url, finished=finished), resources)
+    if restore:
         tuner = tune.Tuner.restore(path, fn, resume_unfinished=True, resume_errored=True)
     else:
         space = {"trial": tune.grid_search([_with_threads(t, threads) for t in trials]),
@@ -489,7 +548,8 @@ def _run_phase(plan: SweepPlan, trials: list[TrialSpec], exp_name: str, opts: Sw
                 name=exp_name,
                 storage_path=storage,
                 failure_config=tune.FailureConfig(max_failures=opts.max_failures),
-                checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+                # Tune keeps every checkpoint; DbWriter prunes them safely (see _prune)
+                checkpoint_config=tune.CheckpointConfig(num_to_keep=None),
                 callbacks=[DbWriter(plan.name, opts.direct_writes),
                            Progress(opts.progress_every_s)],
                 verbose=0,
@@ -514,6 +574,11 @@ def run_sweep(plan: SweepPlan, opts: SweepOptions) -> dict[str, Any]:
     storage = str(Path(opts.storage or default_storage()).expanduser().resolve()
                   if "://" not in (opts.storage or "") else opts.storage)
     threads = max(1, int(opts.cpus_per_trial))
+    path = experiment_path(plan.name, storage)
+    if not opts.resume and tune.Tuner.can_restore(path):  # refuse before starting Ray
+        raise SweepError(f"sweep {plan.name!r} already has a Ray experiment at {path}; "
+                         f"continue it with: qkgeom sweep --resume --name {plan.name} "
+                         "(or pick another --name)")
     sid, n_int = prepare_db(plan, db_url, resume=opts.resume, threads=threads)
     say = (lambda *a: None) if opts.quiet else (lambda *a: print(*a, flush=True))
     if n_int:

@@ -105,26 +105,26 @@ def assert_sweep_complete(db: str, sweep: str, plan) -> None:  # type: ignore[no
     counts = probe_counts(db, sweep)
     for t in plan.trials:
         n_probe = plan.probes_per_trial(t.key)
-        n_metric = n_probe * metrics_per_probe(t)
+        n_metric = metric_rows(t)
         assert counts[t.key] == (n_probe, n_metric), (t.key, counts[t.key], n_probe, n_metric)
 
 
-def metrics_per_probe(t) -> int:  # type: ignore[no-untyped-def]
-    """Metric rows one probe of trial spec ``t`` writes (from a real probe record)."""
-    return len(reference_records(t.config, max_steps_only=True)[0].metrics)
+def metric_rows(t) -> int:  # type: ignore[no-untyped-def]
+    """Metric rows trial spec ``t`` writes in all (from a real uninterrupted run)."""
+    return sum(len(r.metrics) for r in reference_records(t.config))
 
 
 _REF_CACHE: dict[str, list] = {}
 
 
-def reference_records(config: dict, max_steps_only: bool = False) -> list:
+def reference_records(config: dict) -> list:
     """The probe records of a direct, uninterrupted ``train()`` of ``config`` (cached)."""
     import json
 
     from qkgeom.config import TrialConfig
     from qkgeom.train import train
 
-    cfg = dict(config, device="cpu", fail_at_step=-1, baseline_pr=config.get("baseline_pr"))
+    cfg = dict(config, device="cpu", fail_at_step=-1, threads=1)
     key = json.dumps(cfg, sort_keys=True)
     if key not in _REF_CACHE:
         recs: list = []

@@ -1,0 +1,173 @@
+"""Sweeps on a real local Ray instance into real SQLite and PostgreSQL databases.
+
+* retries: every trial fails once mid-run (``fail_at_step``) and resumes from its Tune
+  checkpoint; the stored metrics equal an uninterrupted direct ``train()``;
+* the CLI end to end into PostgreSQL (``--preset smoke``), and worker-direct writes;
+* the driver killed with SIGKILL mid-sweep, then ``qkgeom sweep --resume`` completes it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from sweep_fixtures import (  # noqa: F401  (pytest fixtures)
+    QKGEOM,
+    assert_matches_reference,
+    assert_sweep_complete,
+    cli_env,
+    pg_url,
+    run_cli,
+    scratch,
+)
+
+pytestmark = pytest.mark.ray
+
+
+def test_retry_from_checkpoint_matches_uninterrupted(scratch, wikitext_dir):  # noqa: F811
+    from qkgeom.store import open_store
+    from qkgeom.sweep import plan_from
+    from qkgeom.tune import SweepOptions, run_sweep, shutdown
+
+    plan = plan_from("smoke", data=str(wikitext_dir), name="retry",
+                     sets=["fail_at_step=25", "grid.depths=[2]", "interventions.arms=[hold]",
+                           "interventions.seeds=[0]"])
+    db = f"sqlite:///{scratch}/retry.db"
+    try:
+        summary = run_sweep(plan, SweepOptions(db_url=db, storage=str(scratch / "ray"),
+                                               max_failures=1, quiet=True,
+                                               ray_temp_dir=str(scratch / "r")))
+    finally:
+        shutdown()
+    assert summary["errors"] == 0, summary
+    assert_sweep_complete(db, "retry", plan)
+    with open_store(db) as store:
+        trials = store.trials("retry")
+        ckpts = store.sql("SELECT count(*) AS n FROM checkpoints")["n"][0]
+    # each trial: one failed attempt at step 25 (its error text kept), one resumed attempt
+    assert trials["attempts"].to_list() == [2] * len(plan.trials)
+    assert all("injected test failure" in e for e in trials["error"].to_list())
+    assert ckpts > 0
+    assert assert_matches_reference(db, "retry") == len(plan.trials)
+
+
+@pytest.mark.postgres
+def test_cli_smoke_into_postgres(scratch, pg_url, wikitext_dir):  # noqa: F811
+    from qkgeom.sweep import plan_from
+
+    p = run_cli(["sweep", "--preset", "smoke", "--db", pg_url, "--data", str(wikitext_dir),
+                 "--progress-every", "30"], scratch)
+    assert "9/9 trials terminated" in p.stdout
+    assert "done" in p.stdout and "ETA" in p.stdout  # our progress line, not Ray's tables
+    assert "Trial status" not in p.stdout + p.stderr
+    assert "qkgeom stats" in p.stdout
+    plan = plan_from("smoke", data=str(wikitext_dir))
+    assert_sweep_complete(pg_url, "smoke", plan)
+    st = run_cli(["status", "--name", "smoke", "--db", pg_url], scratch)
+    assert "9 terminated" in st.stdout and "40/40" in st.stdout
+    # a second start of the same sweep is refused: it must be resumed
+    again = run_cli(["sweep", "--preset", "smoke", "--db", pg_url, "--data",
+                     str(wikitext_dir)], scratch, check=False)
+    assert again.returncode != 0 and "--resume --name smoke" in again.stderr
+    # the password never reaches Ray's experiment state
+    from sqlalchemy.engine import make_url
+
+    pw = make_url(pg_url).password
+    for f in (scratch / "ray_results").rglob("*"):
+        if f.is_file() and f.stat().st_size < 5_000_000:
+            assert pw.encode() not in f.read_bytes(), f
+
+
+@pytest.mark.postgres
+def test_direct_writes_postgres_and_refused_for_sqlite(scratch, pg_url, wikitext_dir):  # noqa: F811
+    from qkgeom.sweep import plan_from
+    from qkgeom.tune import SweepError, SweepOptions, run_sweep, shutdown
+
+    plan = plan_from("smoke", data=str(wikitext_dir), name="direct",
+                     sets=["grid.depths=[1]", "grid.inits=[gaussian]",
+                           "interventions.depth=1", "interventions.arms=[shrink]",
+                           "interventions.seeds=[0]"])
+    with pytest.raises(SweepError, match="PostgreSQL"):
+        run_sweep(plan, SweepOptions(db_url=f"sqlite:///{scratch}/x.db", direct_writes=True))
+    try:
+        summary = run_sweep(plan, SweepOptions(db_url=pg_url, storage=str(scratch / "ray"),
+                                               direct_writes=True, quiet=True,
+                                               ray_temp_dir=str(scratch / "r")))
+    finally:
+        shutdown()
+    assert summary["errors"] == 0
+    assert_sweep_complete(pg_url, "direct", plan)
+    p = run_cli(["sweep", "--preset", "smoke", "--db", f"{scratch}/y.db", "--direct-writes"],
+                scratch, check=False)
+    assert p.returncode != 0 and "PostgreSQL" in p.stderr
+
+
+def _db_state(db: str, sweep: str) -> tuple[int, int]:
+    from qkgeom.store import open_store
+
+    try:
+        with open_store(db) as store:
+            df = store.sql(
+                "SELECT t.status, (SELECT count(*) FROM probes p WHERE p.trial_id = t.id) AS n "
+                "FROM trials t JOIN sweeps s ON s.id = t.sweep_id WHERE s.name = :n",
+                {"n": sweep})
+    except Exception:
+        return 0, 0
+    done = sum(1 for s, _ in df.iter_rows() if s == "terminated")
+    return done, int(df["n"].sum()) if df.height else 0
+
+
+def test_sigkill_driver_then_resume(scratch, wikitext_dir):  # noqa: F811
+    from qkgeom.store import open_store
+    from qkgeom.sweep import plan_from
+
+    db = f"{scratch}/kill.db"
+    args = ["--data", str(wikitext_dir), "--set", "max_steps=120", "--set", "grid.seeds=[0]"]
+    cmd = [QKGEOM, "sweep", "--preset", "smoke", "--name", "killed", "--db", db,
+           "--progress-every", "60", *args]
+    log = open(scratch / "driver.log", "w")
+    proc = subprocess.Popen(cmd, env=cli_env(scratch), stdout=log, stderr=subprocess.STDOUT,
+                            cwd=scratch, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            done, probes = _db_state(db, "killed")
+            if done >= 2 and probes >= 2 * 7 + 3:
+                break
+            assert proc.poll() is None, (scratch / "driver.log").read_text()
+            time.sleep(0.2)
+        else:
+            pytest.fail("the sweep made no progress:\n" + (scratch / "driver.log").read_text())
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        # the driver's own local Ray processes share its session: end them too
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        log.close()
+    with open_store(db) as store:
+        before = store.trials("killed")
+    assert (before["status"] == "running").any() or (before["status"] == "pending").any()
+    assert not (before["status"] == "terminated").all()
+
+    p = run_cli(["sweep", "--resume", "--name", "killed", "--db", db,
+                 "--progress-every", "60"], scratch)
+    assert "terminated" in p.stdout
+    plan = plan_from("smoke", name="killed", data=str(wikitext_dir),
+                     sets=["max_steps=120", "grid.seeds=[0]"])
+    assert_sweep_complete(db, "killed", plan)
+    with open_store(db) as store:
+        after = store.trials("killed")
+    # finished trials were not rerun (no new attempts)
+    fin = {k for k, s in zip(before["trial_key"], before["status"]) if s == "terminated"}
+    att_before = dict(zip(before["trial_key"], before["attempts"]))
+    att_after = dict(zip(after["trial_key"], after["attempts"]))
+    assert all(att_after[k] == att_before[k] for k in fin), (att_before, att_after)
+    assert assert_matches_reference(db, "killed") == len(plan.trials)
+    assert Path(scratch / "ray_results" / "qkgeom-killed").is_dir()
