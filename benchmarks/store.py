@@ -205,7 +205,7 @@ def main() -> None:
     results = {"date": date.today().isoformat(), "python": platform.python_version(),
                "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
                "command": " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
-               "backends": []}
+               "loadavg_start": os.getloadavg()[0], "backends": []}
     tmp = Path(tempfile.mkdtemp(prefix="qkgeom-bench-"))
 
     def sqlite_url(tag: str):
@@ -250,6 +250,11 @@ def main() -> None:
         for label, q in b["queries"].items():
             print(f"| {b['backend']} | {label} | {q['rows']:,} | {q['first_s']:.2f} s | "
                   f"{q['best_s']:.2f} s |")
+    results["loadavg_end"] = os.getloadavg()[0]
+    print(f"\n1-min load average: {results['loadavg_start']:.1f} at start, "
+          f"{results['loadavg_end']:.1f} at the end ({os.cpu_count()} CPUs); "
+          f"SQLite {results['sqlite_version']}, "
+          f"PostgreSQL {results.get('postgres_version', '-')}, {results['date']}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     tmp.rmdir()
