@@ -437,7 +437,9 @@ def _init_ray(opts: SweepOptions) -> None:
     if opts.address:
         ray.init(address=opts.address, **kwargs)
     else:
-        tmp = opts.ray_temp_dir or tempfile.mkdtemp(prefix="qkray-", dir="/tmp")
+        tmp = opts.ray_temp_dir
+        if tmp is None:  # ours: removed again by shutdown()
+            tmp = _DRIVER["ray_tmp"] = tempfile.mkdtemp(prefix="qkray-", dir="/tmp")
         ray.init(num_cpus=opts.num_cpus or os.cpu_count() or 1, _temp_dir=tmp, **kwargs)
 
 
@@ -635,8 +637,12 @@ def trial_statuses(db_url: str, sweep: str) -> dict[str, str]:
 
 
 def shutdown() -> None:
+    """Disconnect from Ray (stopping a local instance) and remove our scratch dir."""
     if ray.is_initialized():
         ray.shutdown()
+    tmp = _DRIVER.pop("ray_tmp", None)
+    if tmp:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -70,9 +70,10 @@ def cli_env(scratch: Path) -> dict[str, str]:
     return env
 
 
-def run_cli(args: list[str], scratch: Path, timeout: float = 300,
-            check: bool = True) -> subprocess.CompletedProcess:
-    p = subprocess.run([QKGEOM, *args], env=cli_env(scratch), capture_output=True, text=True,
+def run_cli(args: list[str], scratch: Path, timeout: float = 300, check: bool = True,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    p = subprocess.run([QKGEOM, *args], env={**cli_env(scratch), **(env or {})},
+                       capture_output=True, text=True,
                        timeout=timeout, cwd=scratch)
     if check and p.returncode != 0:
         raise AssertionError(f"qkgeom {' '.join(args)} failed ({p.returncode}):\n"
