@@ -89,7 +89,7 @@ def test_report_negative_and_missing_data(tmp_path):
 def test_report_shrink_that_does_not_contract(tmp_path):
     url = "sqlite:///" + str(tmp_path / "w.db")
     # the paper's small-run finding: "shrink" raised W_K's PR above the baseline
-    make_synthetic_db(url, sweep="weak", seeds=4, depths=(2,), inits=("gaussian",),
+    make_synthetic_db(url, sweep="weak", seeds=5, depths=(2,), inits=("gaussian",),
                       key_effect={"shrink": 0.3, "hold": 0.5},
                       entropy_effect={"shrink": 0.1, "hold": 0.3})
     out = tmp_path / "rep"
@@ -98,6 +98,18 @@ def test_report_shrink_that_does_not_contract(tmp_path):
     assert v["reality-check"] == "does not hold"
     assert v["4-shrink"] == "does not hold"
     assert v["4-hold"] == "holds"
+
+
+def test_report_too_few_seeds_is_not_enough_data(tmp_path):
+    url = "sqlite:///" + str(tmp_path / "f.db")
+    make_synthetic_db(url, sweep="few", seeds=3, depths=(2,), inits=("gaussian",))
+    out = tmp_path / "rep"
+    assert invoke("report", "--db", url, "--out", str(out)).exit_code == 0
+    v = verdicts(out)
+    assert v["4-shrink"] == v["4-hold"] == "not enough data"
+    data = json.loads((out / "report.json").read_text())
+    shrink = next(c for c in data["claims"] if c["key"] == "4-shrink")
+    assert "3 paired seeds" in shrink["measured"] and "fewer than 5" in shrink["measured"]
 
 
 def test_report_out_is_a_file(tmp_path, planted_report):
