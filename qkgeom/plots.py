@@ -115,15 +115,16 @@ def intervention(df: Any, *, metrics: tuple[str, ...] = ("entropy", "pr_wk", "pr
            .sort(["metric", "arm", "progress"]))
     arms = [a for a in ARM_ORDER if a in set(agg["arm"])] + sorted(
         set(agg["arm"]) - set(ARM_ORDER))
+    palette = (ARM_COLORS + ["#2ca02c", "#9467bd", "#8c564b", "#e377c2"])[: len(arms)]
+    agg = agg.with_columns(pl.col("arm").replace_strict(dict(zip(arms, palette)),
+                                                        default="#7f7f7f").alias("fill"))
     color = alt.Color("arm:N", title="arm", sort=arms,
-                      scale=alt.Scale(domain=arms, range=(ARM_COLORS + ["#2ca02c", "#9467bd"])
-                                      [: len(arms)]))
+                      scale=alt.Scale(domain=arms, range=palette))
     x = alt.X("progress:Q", title="training progress", scale=alt.Scale(domain=[0, 1]))
     band = alt.Chart().mark_area(opacity=0.18).encode(
         x=x, y=alt.Y("lo:Q", title=None, scale=alt.Scale(zero=False)), y2="hi:Q",
-        color=alt.Color("arm:N", sort=arms, legend=None,
-                        scale=alt.Scale(domain=arms, range=(ARM_COLORS + ["#2ca02c", "#9467bd"])
-                                        [: len(arms)])))
+        # fill straight from a colour column (no scale), so the only legend is the lines'
+        fill=alt.Fill("fill:N", scale=None))
     line = alt.Chart().mark_line(strokeWidth=2).encode(
         x=x, y=alt.Y("mean:Q", title=None), color=color,
         tooltip=["arm:N", "panel:N", alt.Tooltip("progress:Q", format=".3f"),
