@@ -25,7 +25,6 @@ from typing import Any
 from qkgeom.errors import QkgeomError
 from qkgeom.store.engine import (
     DatabaseError,
-    backend_of,
     connect_error,
     make_engine,
     safe_url,
@@ -231,7 +230,3 @@ def current(url: str) -> SchemaState:
         raise connect_error(e, url) from None
     finally:
         engine.dispose()
-
-
-def is_sqlite(url: str) -> bool:
-    return backend_of(url) == "sqlite"

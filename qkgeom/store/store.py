@@ -13,7 +13,6 @@ import decimal
 import json
 import math
 import os
-import socket
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -741,7 +740,3 @@ def _is_readonly_error(msg: str) -> bool:
     low = msg.lower()
     return ("readonly database" in low or "read-only transaction" in low
             or "read only" in low and "transaction" in low)
-
-
-def default_host() -> str:
-    return socket.gethostname()
