@@ -133,7 +133,10 @@ def check_sqlite_file(url: str, *, create: bool) -> None:
         raise DatabaseError(
             f"no database at {path}; create one with: qkgeom db upgrade --db {safe_url(url)}"
         )
-    p.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DatabaseError(f"cannot create the directory for {path}: {e.strerror}") from None
 
 
 def make_engine(url: str, *, create: bool = True, readonly: bool = False,
