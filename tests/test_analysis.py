@@ -242,10 +242,58 @@ def test_empty_database_has_no_sweeps(tmp_path):
     assert code == 1 and "no sweeps" in out
 
 
-# A test on a database written by a real smoke sweep belongs here once the sweep engine
-# can produce one (see test_real_smoke_sweep_skeleton). make_synthetic_db takes any URL,
-# so the same assertions can also run on a copy of that database.
-@pytest.mark.skip(reason="needs a database written by a real `qkgeom sweep run --preset "
-                         "smoke`; to be filled in once the sweep engine lands")
-def test_real_smoke_sweep_skeleton():  # pragma: no cover
-    pass
+# --------------------------------------------------------------------------- real sweep
+
+
+@pytest.fixture(scope="module")
+def smoke_db(tmp_path_factory: pytest.TempPathFactory, wikitext_dir: Path) -> str:
+    """A database written by a real `qkgeom sweep --preset smoke` (Ray, ~1 min on CPU)."""
+    import subprocess
+    import sys
+
+    d = tmp_path_factory.mktemp("smoke")
+    url = "sqlite:///" + str(d / "smoke.db")
+    r = subprocess.run([sys.executable, "-c", "from qkgeom.cli import main; main()", "sweep",
+                        "--preset", "smoke", "--db", url, "--data", str(wikitext_dir),
+                        "--storage", str(d / "ray")], capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return url
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_commands_on_a_real_smoke_sweep(smoke_db: str, tmp_path: Path):
+    """Every command runs on real data; structural answers only (training outcomes vary)."""
+    from qkgeom import analysis as A
+    from qkgeom.store import open_store
+
+    with open_store(smoke_db, create=False, readonly=True) as store:
+        t = A.trials(store, A.resolve_sweep(store, None))
+    grid = t.filter(t["arm"] == "none")
+    n_traj = sum(d for d, _ in grid.select("depth", "init").unique().iter_rows())
+    d = run_json("stats", "sign-test", "--db", smoke_db)
+    assert d["n"] + d["n_zero"] + d["n_dropped"] == n_traj
+    assert 0 <= d["p_value"] <= 1
+    s = run_json("stats", "slopes", "--db", smoke_db, "--level", "run")
+    assert s["pr_q"]["n"] + s["pr_q"]["n_undefined"] == sum(grid["depth"].to_list())
+    arms = sorted(set(t["arm"].to_list()) - {"none"})
+    for arm in arms:
+        r = run_json("stats", "directional-confidence", "--db", smoke_db, "--arm", arm,
+                     "--window", "1")
+        n_pairs = len(set(t.filter(t["arm"] == arm)["seed"].to_list()))
+        assert r["n_seeds"] == n_pairs
+        assert r["ci_low"] <= r["mean_delta"] <= r["ci_high"]
+        assert set(r["key_check"]) == {"pr_wk", "pr_k"}
+    c = run_json("stats", "correlate", "--db", smoke_db, "--x", "pr_k", "--y", "entropy")
+    assert c["n"] > 0 and -1 <= c["rho"] <= 1
+    for kind in ("trajectories", "intervention", "correlation"):
+        out = tmp_path / f"{kind}.png"
+        code, text = run("plot", kind, "--db", smoke_db, "--out", str(out))
+        assert code == 0, text
+        assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    code, text = run("report", "--db", smoke_db, "--out", str(tmp_path / "rep"))
+    assert code == 0, text
+    rep = json.loads((tmp_path / "rep" / "report.json").read_text())
+    assert {c["verdict"] for c in rep["claims"]} <= {"holds", "does not hold",
+                                                      "not enough data"}
