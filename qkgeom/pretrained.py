@@ -82,6 +82,24 @@ class _LayerState:
     erank_n: int = 0
 
 
+@contextlib.contextmanager
+def _lapack_threads(x: Tensor) -> Iterator[None]:
+    """One intra-op thread for batched CPU SVDs of small matrices.
+
+    On a busy 2-core host, OpenMP-parallel batched ``svdvals`` of 256 x 256 logit matrices
+    ran 30x slower than on one thread (docs/benchmarks.md); BLAS-heavy steps keep all threads.
+    """
+    if x.device.type != "cpu" or torch.get_num_threads() == 1:
+        yield
+        return
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
 class GeometryAccumulator:
     """Streaming per-layer Q/K statistics over many chunks; :meth:`rows` gives metric rows.
 
@@ -154,7 +172,8 @@ class GeometryAccumulator:
             r = rows if rows.numel() == 1 else rows[hs]
             ent[hs], ent_n[hs] = raw * r, norm * r
             if n_er:
-                er[hs] = M.logit_effective_rank(logits[:n_er], v[:n_er]) * n_er
+                with _lapack_threads(logits):
+                    er[hs] = M.logit_effective_rank(logits[:n_er], v[:n_er]) * n_er
             del logits, pattern
         if st.ent_sum is None:
             st.ent_sum, st.ent_norm_sum = ent, ent_n
@@ -260,7 +279,7 @@ def read_text(path: str | Path | None) -> tuple[str, Path]:
 
 
 def tokenize_text(tokenizer: Any, text: str, max_tokens: int | None,
-                  block_chars: int = 1 << 20) -> list[int]:
+                  block_chars: int = 1 << 16) -> list[int]:
     """Token ids of ``text`` (no special tokens), tokenized in newline-aligned blocks."""
     ids: list[int] = []
     pos = 0
@@ -269,7 +288,7 @@ def tokenize_text(tokenizer: Any, text: str, max_tokens: int | None,
         if end < len(text):
             nl = text.rfind("\n", pos, end)
             end = nl + 1 if nl > pos else end
-        ids += tokenizer(text[pos:end], add_special_tokens=False)["input_ids"]
+        ids += tokenizer(text[pos:end], add_special_tokens=False, verbose=False)["input_ids"]
         pos = end
     return ids if max_tokens is None else ids[:max_tokens]
 
@@ -550,12 +569,14 @@ class Measurement:
 def measure_hf(loaded: Loaded, text: str, *, max_tokens: int | None = DEFAULT_MAX_TOKENS,
                seq_len: int | None = None, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
                erank_seqs: int = DEFAULT_ERANK_SEQS, progress: Progress | None = None,
-               ids: Sequence[int] | None = None) -> Measurement:
+               ids: Sequence[int] | None = None,
+               accumulator: GeometryAccumulator | None = None) -> Measurement:
     """All metric rows of a transformers model on ``text`` (or pre-tokenized ``ids``).
 
     The text is tokenized without special tokens, cut into sequences of ``seq_len`` tokens
     (the tokenizer's own BOS / CLS+SEP added to each), and run ``chunk_tokens // seq_len``
     sequences per forward pass; the last sequence is right-padded and padding is masked out.
+    ``accumulator``: a (fresh) accumulator to fill, e.g. one that also records the vectors.
     """
     model, tok = loaded.model, loaded.tokenizer
     maxpos = loaded.meta.get("max_positions")
@@ -574,7 +595,7 @@ def measure_hf(loaded: Loaded, text: str, *, max_tokens: int | None = DEFAULT_MA
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     bs = max(1, chunk_tokens // seq_len)
     device = next(model.parameters()).device
-    acc = GeometryAccumulator(erank_seqs=erank_seqs)
+    acc = accumulator or GeometryAccumulator(erank_seqs=erank_seqs)
     t0 = time.perf_counter()
     done = 0
     with capturing(model, acc) as cap, torch.no_grad():
@@ -599,7 +620,7 @@ def measure_hf(loaded: Loaded, text: str, *, max_tokens: int | None = DEFAULT_MA
         n_layers=len(acc.layers), n_heads=st0.n_head, n_kv_heads=st0.n_kv, d_head=st0.d_head,
         d_model=int(sites[0].wq.shape[1]), text_tokens=len(ids), tokens=done,
         sequences=len(seqs), seq_len=seq_len, chunk_tokens=bs * seq_len,
-        special_prefix=prefix, special_suffix=suffix, erank_seqs=min(erank_seqs, len(seqs)),
+        special_prefix=prefix, special_suffix=suffix, erank_seqs=min(acc.erank_seqs, len(seqs)),
         rotary=st0.cov_q_pre is not None, wall_s=wall, tokens_per_s=done / max(wall, 1e-9),
         vectors="pr_q/pr_k: post-rotary q/k as used in q k^T; pr_*_prerot: projections",
     )
