@@ -118,3 +118,15 @@ def test_report_out_is_a_file(tmp_path, planted_report):
     f.write_text("x")
     r = invoke("report", "--db", url, "--out", str(f))
     assert r.exit_code != 0
+
+
+def test_report_and_plot_json_output(planted_report, tmp_path):
+    url, _ = planted_report
+    r = invoke("report", "--db", url, "--out", str(tmp_path / "r"), "--format", "json")
+    d = json.loads(r.output)
+    assert d["verdicts"]["2-gap"] == "holds" and len(d["files"]) == 6
+    r = invoke("plot", "trajectories", "--db", url, "--out", str(tmp_path / "t.svg"),
+               "--format", "json")
+    assert json.loads(r.output)["out"].endswith("t.svg")
+    r = invoke("report", "--db", url, "--out", str(tmp_path / "r2"))
+    assert "4-shrink" in r.output and "holds" in r.output

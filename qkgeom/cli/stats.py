@@ -328,9 +328,10 @@ def checkpoint_trend_cmd(db: str | None, model: str, fmt: str) -> None:
               help="output file: .html (self-contained), .png, .svg or .json (vega-lite)")
 @click.option("--x", "x", default="pr_k", show_default=True, help="correlation: x metric")
 @click.option("--y", "y", default="entropy", show_default=True, help="correlation: y metric")
+@format_option
 @_body
 def plot_cmd(kind: str, db: str | None, sweep: str | None, include_unfinished: bool, out: str,
-             x: str, y: str) -> None:
+             x: str, y: str, fmt: str) -> None:
     """Draw the trajectories, the intervention arms or a correlation scatter."""
     from qkgeom import analysis as A
     from qkgeom import plots
@@ -349,7 +350,10 @@ def plot_cmd(kind: str, db: str | None, sweep: str | None, include_unfinished: b
             chart = plots.correlation(pts, x=x, y=y, rho=spearman(pts[x].to_numpy(),
                                                                    pts[y].to_numpy()))
     path = plots.save_chart(chart, out)
-    click.echo(f"wrote {path}")
+    if fmt == "json":
+        print_json({"sweep": name, "kind": kind, "out": str(path)})
+    else:
+        click.echo(f"wrote {path}")
 
 
 @main.command("report")
@@ -359,9 +363,10 @@ def plot_cmd(kind: str, db: str | None, sweep: str | None, include_unfinished: b
 @click.option("--seed", type=int, default=0, show_default=True, help="bootstrap rng seed")
 @click.option("--boot", type=int, default=10_000, show_default=True,
               help="bootstrap resamples for directional confidence")
+@format_option
 @_body
 def report_cmd(db: str | None, sweep: str | None, include_unfinished: bool, out: str,
-               seed: int, boot: int) -> None:
+               seed: int, boot: int, fmt: str) -> None:
     """Write the study report: every claim of the paper beside its measured verdict.
 
     One self-contained HTML page (charts inline as SVG, works offline) and a markdown twin
@@ -374,5 +379,11 @@ def report_cmd(db: str | None, sweep: str | None, include_unfinished: bool, out:
         name = A.resolve_sweep(store, sweep)
         paths = build_report(store, name, out, seed=seed, n_boot=boot,
                              finished_only=not include_unfinished)
+    claims = json.loads(next(p for p in paths if p.name == "report.json").read_text())["claims"]
+    if fmt == "json":
+        print_json({"sweep": name, "out": out, "files": [str(p) for p in paths],
+                    "verdicts": {c["key"]: c["verdict"] for c in claims}})
+        return
     for p in paths:
         click.echo(f"wrote {p}")
+    click.echo(table([{"claim": c["key"], "verdict": c["verdict"]} for c in claims]))
