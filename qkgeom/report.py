@@ -365,7 +365,7 @@ th,td{border:1px solid #ccc;padding:.25em .55em;vertical-align:top}
 th{background:#f3f3f3;text-align:left} td.num{text-align:right;font-variant-numeric:tabular-nums}
 .v-holds{background:#e3f4e3;font-weight:600}.v-does{background:#fbe3e3;font-weight:600}
 .v-not{background:#f6f0d8;font-weight:600} figure{margin:1em 0} figcaption{color:#555}
-code{background:#f5f5f5;padding:0 .2em}
+code{background:#f5f5f5;padding:0 .2em} figure svg{max-width:100%;height:auto}
 """
 
 
@@ -394,7 +394,7 @@ def build_report(store: Any, sweep: str, out_dir: str | Path, *, seed: int = 0,
     claims.append(_pretrained_claim(store, sections))
     charts = _figures(store, sweep, fin, seed, shared)
 
-    design = tr.group_by(["arm", "status"]).len().sort(["arm", "status"]).to_dicts()
+    design = tr.group_by(["arm", "status"]).len("trials").sort(["arm", "status"]).to_dicts()
     g = tr.filter(tr["arm"] == A.BASELINE_ARM)
     design_text = (f"Sweep **{sweep}**: {tr.height} trials; depths "
                    f"{sorted(set(g['depth'].to_list()))}, inits "
