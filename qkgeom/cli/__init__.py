@@ -17,9 +17,9 @@ def main() -> None:
     """Query/key geometry of small transformers: train, sweep, store, analyse."""
 
 
-# Registration order is the order of --help. Each module adds its commands to `main`.
-from qkgeom.cli import train as _train  # noqa: E402,F401
+# Each module adds its commands to `main` (click lists them alphabetically).
 from qkgeom.cli import db as _db  # noqa: E402,F401
-from qkgeom.cli import sweep as _sweep  # noqa: E402,F401
-from qkgeom.cli import stats as _stats  # noqa: E402,F401
 from qkgeom.cli import pretrained as _pretrained  # noqa: E402,F401
+from qkgeom.cli import stats as _stats  # noqa: E402,F401
+from qkgeom.cli import sweep as _sweep  # noqa: E402,F401
+from qkgeom.cli import train as _train  # noqa: E402,F401
