@@ -83,13 +83,14 @@ class _LayerState:
 
 
 @contextlib.contextmanager
-def _lapack_threads(x: Tensor) -> Iterator[None]:
-    """One intra-op thread for batched CPU SVDs of small matrices.
+def _lapack_threads(x: Tensor | None = None) -> Iterator[None]:
+    """One intra-op thread for many small CPU LAPACK calls (svdvals, eigvalsh, qr).
 
-    On a busy 2-core host, OpenMP-parallel batched ``svdvals`` of 256 x 256 logit matrices
-    ran 30x slower than on one thread (docs/benchmarks.md); BLAS-heavy steps keep all threads.
+    On a busy 2-core host, OpenMP-parallel ``svdvals`` of 256 x 256 logit matrices and
+    ``eigvalsh`` of 64 x 64 blocks ran 5-30x slower than on one thread (docs/benchmarks.md);
+    the BLAS-heavy steps (forward pass, covariance updates) keep all threads.
     """
-    if x.device.type != "cpu" or torch.get_num_threads() == 1:
+    if (x is not None and x.device.type != "cpu") or torch.get_num_threads() == 1:
         yield
         return
     n = torch.get_num_threads()
@@ -187,6 +188,10 @@ class GeometryAccumulator:
 
     def rows(self) -> list[Row]:
         """Activation and attention metric rows (layer-level with head None, plus per head)."""
+        with _lapack_threads():
+            return self._rows()
+
+    def _rows(self) -> list[Row]:
         out: list[Row] = []
         for li in sorted(self.layers):
             st = self.layers[li]
@@ -224,6 +229,11 @@ def weight_rows_from(qk: Sequence[tuple[Tensor, Tensor]], n_head: int, n_kv: int
     key head ``h // (H / H_kv)``. Layer rows: PR of the whole matrices; mean over heads of the
     interaction PR and effective rank.
     """
+    with _lapack_threads():
+        return _weight_rows(qk, n_head, n_kv)
+
+
+def _weight_rows(qk: Sequence[tuple[Tensor, Tensor]], n_head: int, n_kv: int) -> list[Row]:
     rows: list[Row] = []
     rep = n_head // n_kv
     for li, (wq, wk) in enumerate(qk):
