@@ -647,3 +647,224 @@ def shutdown() -> None:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit("use: qkgeom sweep --help")
+
+
+# ---------------------------------------------------------------------- clusters
+class ClusterConfigError(QkgeomError):
+    """An invalid cluster file; the message names the key."""
+
+
+# where each cloud's node_config names the machine (Ray leaves node_config free-form)
+INSTANCE_KEYS = {"aws": ("InstanceType",), "gcp": ("machineType",),
+                 "azure": ("azure_arm_parameters", "vmSize")}
+_COMMAND_KEYS = ("setup_commands", "head_setup_commands", "worker_setup_commands",
+                 "initialization_commands")
+
+
+def _schema_path(err: Any) -> str:
+    return ".".join(str(p) for p in err.absolute_path) or "(top level)"
+
+
+def validate_cluster_file(path: str | Path) -> dict[str, Any]:
+    """Validate a Ray cluster launcher file offline; return it (as read) or raise.
+
+    Three layers: Ray's JSON schema (types, unknown keys), our own checks (head_node_type,
+    instance types, qkgeom installed, GPU workers, a head without trials), then Ray's own
+    ``prepare_config`` + ``validate_config`` (node types, worker counts).
+    """
+    import jsonschema
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise ClusterConfigError(f"cluster file {str(p)!r} not found")
+    try:
+        cfg = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ClusterConfigError(f"{p}: cannot parse YAML: {e}") from None
+    if not isinstance(cfg, dict):
+        raise ClusterConfigError(f"{p}: expected a mapping at the top level")
+    where = str(p)
+
+    schema_file = Path(ray.__file__).parent / "autoscaler" / "ray-schema.json"
+    schema = json.loads(schema_file.read_text())
+    errors = sorted(jsonschema.Draft7Validator(schema).iter_errors(cfg),
+                    key=lambda e: list(e.absolute_path))
+    if errors:
+        e = errors[0]
+        raise ClusterConfigError(f"{where}: {_schema_path(e)}: {e.message}")
+
+    provider = cfg.get("provider") or {}
+    ptype = provider.get("type")
+    if not ptype:
+        raise ClusterConfigError(f"{where}: provider.type: missing (aws, gcp, local, ...)")
+    types = cfg.get("available_node_types")
+    if ptype != "local" and not types:
+        raise ClusterConfigError(f"{where}: available_node_types: missing; declare a head "
+                                 "node type and GPU worker node types")
+    if types:
+        head = cfg.get("head_node_type")
+        if not head:
+            raise ClusterConfigError(f"{where}: head_node_type: missing; name one of "
+                                     f"available_node_types ({', '.join(types)})")
+        if head not in types:
+            raise ClusterConfigError(f"{where}: head_node_type: {head!r} is not in "
+                                     f"available_node_types ({', '.join(types)})")
+        for name, nt in types.items():
+            keys = INSTANCE_KEYS.get(ptype)
+            if keys:
+                node = nt.get("node_config") or {}
+                for k in keys:
+                    node = node.get(k) if isinstance(node, dict) else None
+                if not node:
+                    raise ClusterConfigError(
+                        f"{where}: available_node_types.{name}.node_config."
+                        f"{'.'.join(keys)}: missing (the {ptype} instance type)")
+        workers = {n: t for n, t in types.items() if n != head and t.get("max_workers", 1)}
+        for name, nt in workers.items():
+            if float((nt.get("resources") or {}).get("GPU", 0)) <= 0:
+                raise ClusterConfigError(
+                    f"{where}: available_node_types.{name}.resources.GPU: missing; declare "
+                    "the worker's GPUs (e.g. resources: {CPU: 4, GPU: 1}) so that the "
+                    "autoscaler can place GPU trials")
+        head_res = types[head].get("resources") or {}
+        if workers and head_res.get("CPU", 1) != 0:
+            raise ClusterConfigError(
+                f"{where}: available_node_types.{head}.resources: the head must run no "
+                "trials: set resources: {CPU: 0, GPU: 0} (the driver and database live there)")
+    texts = [str(c) for k in _COMMAND_KEYS for c in (cfg.get(k) or [])]
+    docker = cfg.get("docker") or {}
+    texts += [str(docker.get(k, "")) for k in ("image", "head_image", "worker_image")]
+    if not any("qkgeom" in t for t in texts):
+        raise ClusterConfigError(
+            f"{where}: setup_commands: nothing installs qkgeom; add e.g. "
+            "'pip install qkgeom' to setup_commands or use a docker.image with qkgeom")
+
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    try:
+        prepared = prepare_config(json.loads(json.dumps(cfg)))
+        validate_config(prepared)
+    except Exception as e:  # Ray raises ValueError/jsonschema errors with its own text
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ClusterConfigError(f"{where}: rejected by Ray's cluster launcher: {msg}") \
+            from None
+    return cfg
+
+
+def _q(s: str) -> str:
+    import shlex
+
+    return shlex.quote(s)
+
+
+def remote_sweep_command(name: str, *, spec_remote: str | None, preset: str | None,
+                         data: str | None, sets: tuple[str, ...] | list[str],
+                         db: str | None, resume: bool, gpus_per_trial: float | None,
+                         cpus_per_trial: float, max_concurrent: int | None,
+                         max_failures: int, direct_writes: bool, storage: str | None,
+                         logdir: str = "~/qkgeom-sweeps", address: str = "auto") -> str:
+    """The shell line that starts the sweep driver on the head, detached from SSH."""
+    args = ["sweep", "--address", address, "--name", name]
+    if spec_remote:
+        args += ["--spec", spec_remote]
+    elif preset:
+        args += ["--preset", preset]
+    for k, v in (("--data", data), ("--db", db), ("--storage", storage)):
+        if v:
+            args += [k, v]
+    for s in sets:
+        args += ["--set", s]
+    if resume:
+        args.append("--resume")
+    if direct_writes:
+        args.append("--direct-writes")
+    if gpus_per_trial is not None:
+        args += ["--gpus-per-trial", f"{gpus_per_trial:g}"]
+    if max_concurrent:
+        args += ["--max-concurrent", str(max_concurrent)]
+    args += ["--cpus-per-trial", f"{cpus_per_trial:g}", "--max-failures", str(max_failures),
+             "--progress-every", "30"]
+    line = " ".join(_q(a) for a in args)
+    log = f"{logdir}/{name}.log"
+    # QKGEOM_VENV (optional, on the head) puts a venv's qkgeom first on PATH
+    return (f'export PATH="${{QKGEOM_VENV:+$QKGEOM_VENV/bin:}}$PATH"; mkdir -p {logdir} && '
+            f"cd {logdir} && (setsid nohup qkgeom {line} > {log} 2>&1 < /dev/null &) && "
+            f"echo started: {log}")
+
+
+def head_address(cfg: dict[str, Any]) -> str:
+    """The address the driver on the head uses: the head's own GCS via localhost.
+
+    ``auto`` can pick the wrong interface (or another Ray instance on a shared machine);
+    the port comes from ``ray start --head --port=N`` in head_start_ray_commands.
+    """
+    import re
+
+    for c in cfg.get("head_start_ray_commands") or []:
+        m = re.search(r"ray start[^;&|]*--head[^;&|]*?--port[= ](\d+)", str(c))
+        if m:
+            return f"127.0.0.1:{m.group(1)}"
+    return "127.0.0.1:6379"
+
+
+def launch_on_cluster(cluster_file: str, *, plan: SweepPlan | None, name: str,
+                      spec_file: str | None, preset: str | None, data: str | None,
+                      sets: tuple[str, ...] | list[str], db: str | None, resume: bool,
+                      gpus_per_trial: float | None, cpus_per_trial: float,
+                      max_concurrent: int | None, max_failures: int, direct_writes: bool,
+                      storage: str | None, out: Any = print) -> dict[str, Any]:
+    """Validate the cluster file, start/update the cluster, run the driver on its head.
+
+    The spec is validated here first (``plan``), so a bad spec never starts machines.
+    """
+    from ray.autoscaler import sdk
+
+    cfg = validate_cluster_file(cluster_file)
+    types = cfg.get("available_node_types") or {}
+    has_gpu_workers = any(float((t.get("resources") or {}).get("GPU", 0)) > 0
+                          for n, t in types.items() if n != cfg.get("head_node_type"))
+    if gpus_per_trial is None and has_gpu_workers:
+        gpus_per_trial = 0.25  # the autoscaler sees no GPU before a worker exists
+    if has_gpu_workers and not (storage and "://" in storage):
+        out("warning: a multi-node cluster needs shared Tune storage; pass --storage "
+            "s3://... or gs://... (a head-local path fails once trials run on workers)")
+    if db and db.startswith("sqlite") or (db and "://" not in db):
+        out(f"note: the SQLite database {db} lives on the head node")
+    out(f"starting/updating the Ray cluster of {cluster_file} (ray up) ...")
+    t0 = time.perf_counter()
+    sdk.create_or_update_cluster(cluster_file, no_restart=False, restart_only=False,
+                                 no_config_cache=True)
+    out(f"cluster up in {time.perf_counter() - t0:.0f} s")
+    spec_remote = None
+    if spec_file:
+        spec_remote = f"~/qkgeom-sweeps/{name}{Path(spec_file).suffix}"
+        sdk.run_on_cluster(cluster_file, cmd="mkdir -p ~/qkgeom-sweeps")
+        sdk.rsync(cluster_file, source=str(Path(spec_file).resolve()),
+                  target=spec_remote, down=False)
+    cmd = remote_sweep_command(
+        name, spec_remote=spec_remote, preset=preset if not spec_file else None, data=data,
+        sets=sets, db=db, resume=resume, gpus_per_trial=gpus_per_trial,
+        cpus_per_trial=cpus_per_trial, max_concurrent=max_concurrent,
+        max_failures=max_failures, direct_writes=direct_writes, storage=storage,
+        address=head_address(cfg))
+    sdk.run_on_cluster(cluster_file, cmd=cmd)
+    db_arg = f" --db {_q(db)}" if db else ""
+    venv = 'export PATH="${QKGEOM_VENV:+$QKGEOM_VENV/bin:}$PATH"; '
+    follow = {
+        "log": f"ray exec {cluster_file} 'tail -f ~/qkgeom-sweeps/{name}.log'",
+        "status": f"ray exec {cluster_file} '{venv}cd ~/qkgeom-sweeps && "
+                  f"qkgeom status --name {name}{db_arg}'",
+        "attach": f"ray attach {cluster_file}",
+        "resume": f"qkgeom sweep --cluster {cluster_file} --resume --name {name}{db_arg}",
+    }
+    out(f"sweep {name} is running on the head node, detached (it outlives this shell).\n"
+        f"  follow its log:   {follow['log']}\n"
+        f"  trial progress:   {follow['status']}\n"
+        f"  a shell there:    {follow['attach']}\n"
+        f"  after a failure:  {follow['resume']}\n"
+        "results: with PostgreSQL, query it from anywhere (qkgeom query/stats --db URL); with "
+        "SQLite on the head, fetch the file:\n"
+        f"  ray rsync-down {cluster_file} ~/qkgeom-sweeps/qkgeom.db ./qkgeom.db\n"
+        f"stop the cluster when done: ray down {cluster_file}")
+    return {"command": cmd, "follow": follow}
