@@ -271,8 +271,8 @@ def default_text() -> Path:
     try:
         return data._download("wikitext-103") / "wiki.test.raw"
     except QkgeomError as e:
-        raise PretrainedError(f"no default text ({e}); pass --text PATH to a text file, "
-                              "e.g. shared/data/wikitext/wiki.test.raw") from None
+        raise PretrainedError(f"no default text: pass --text PATH (e.g. wiki.test.raw) or set "
+                              f"QKGEOM_DATA to a WikiText directory. ({e})") from None
 
 
 def read_text(path: str | Path | None) -> tuple[str, Path]:
