@@ -171,3 +171,32 @@ def test_sigkill_driver_then_resume(scratch, wikitext_dir):  # noqa: F811
     assert all(att_after[k] == att_before[k] for k in fin), (att_before, att_after)
     assert assert_matches_reference(db, "killed") == len(plan.trials)
     assert Path(scratch / "ray_results" / "qkgeom-killed").is_dir()
+
+
+def test_baseline_fraction_arm_runs_after_its_baseline(scratch, wikitext_dir):  # noqa: F811
+    import json
+
+    from qkgeom.store import open_store
+    from qkgeom.sweep import build_plan
+    from qkgeom.tune import SweepOptions, run_sweep, shutdown
+
+    spec = {"name": "bfrac", "trial": {"preset": "smoke", "overrides": {"max_steps": 40}},
+            "interventions": {"depth": 1, "init": "gaussian", "arms": ["shrink"], "seeds": 1,
+                              "arm_overrides": {"shrink": {"target_mode": "baseline_fraction"}}}}
+    plan = build_plan(spec, data=str(wikitext_dir))
+    db = f"sqlite:///{scratch}/bfrac.db"
+    try:
+        summary = run_sweep(plan, SweepOptions(db_url=db, storage=str(scratch / "ray"),
+                                               quiet=True, ray_temp_dir=str(scratch / "r")))
+    finally:
+        shutdown()
+    assert summary["errors"] == 0, summary
+    with open_store(db) as store:
+        trials = {r["trial_key"]: r for r in store.trials("bfrac").iter_rows(named=True)}
+        base = store.sql("SELECT step, layer, value FROM probe_metrics m JOIN trials t ON "
+                         "t.id = m.trial_id WHERE t.trial_key = 'd1-gaussian-none-s0' AND "
+                         "metric = 'pr_wk' AND head IS NULL ORDER BY step, layer")
+    cfg = json.loads(trials["d1-gaussian-shrink-s0"]["config"])
+    assert cfg["baseline_pr"] == [[s, [v]] for s, _, v in base.iter_rows()]
+    assert trials["d1-gaussian-shrink-s0"]["status"] == "terminated"
+    assert (scratch / "ray" / "qkgeom-bfrac-arms").is_dir()
