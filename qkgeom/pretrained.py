@@ -57,8 +57,8 @@ DEFAULT_MAX_TOKENS = 131_072
 DEFAULT_SEQ_LEN = 256  # the paper's context; entropy grows with the keys visible
 DEFAULT_CHUNK_TOKENS = 4096
 DEFAULT_ERANK_SEQS = 8  # an SVD per head and sequence: the costliest metric
-# Elements of one float64 [B, h, T, S] logit block; bounds the entropy step's memory.
-_LOGIT_BLOCK = 1 << 23
+# Elements of one float64 (B', H', T, S) logit block (16 MiB): bounds the entropy step's memory.
+_LOGIT_BLOCK = 1 << 21
 
 
 class PretrainedError(QkgeomError):
@@ -163,19 +163,27 @@ class GeometryAccumulator:
         ent_n = torch.zeros(nh, dtype=torch.float64, device=q.device)
         n_er = max(0, min(b, self.erank_seqs - st.erank_n))
         er = torch.zeros(nh, dtype=torch.float64, device=q.device)
-        step = max(1, _LOGIT_BLOCK // max(1, b * t * s))
-        for h0 in range(0, nh, step):
-            hs = slice(h0, min(nh, h0 + step))
-            v = vis if vis.shape[1] == 1 else vis[:, hs]
-            logits = (q[:, hs].double() @ k_exp[:, hs].double().transpose(-2, -1)) * scaling
-            pattern = torch.softmax(logits.masked_fill(~v, float("-inf")), dim=-1)
-            raw, norm = M.attention_entropy(pattern, v)  # (h,), (h,) row means
-            r = rows if rows.numel() == 1 else rows[hs]
-            ent[hs], ent_n[hs] = raw * r, norm * r
-            if n_er:
-                with _lapack_threads(logits):
-                    er[hs] = M.logit_effective_rank(logits[:n_er], v[:n_er]) * n_er
-            del logits, pattern
+        # (batch, head) blocks of at most _LOGIT_BLOCK logits: memory flat in B, H and T
+        bstep = max(1, min(b, _LOGIT_BLOCK // (t * s)))
+        hstep = max(1, min(nh, _LOGIT_BLOCK // (bstep * t * s)))
+        for b0 in range(0, b, bstep):
+            bsl = slice(b0, min(b, b0 + bstep))
+            n_er_blk = max(0, min(bsl.stop, n_er) - b0)  # erank sequences in this block
+            for h0 in range(0, nh, hstep):
+                hsl = slice(h0, min(nh, h0 + hstep))
+                v = vis[bsl] if vis.shape[1] == 1 else vis[bsl, hsl]  # (b', 1|h', T, S)
+                qb = q[bsl, hsl].double()  # (b', h', T, dh)
+                logits = (qb @ k_exp[bsl, hsl].double().transpose(-2, -1)) * scaling
+                pattern = torch.softmax(logits.masked_fill(~v, float("-inf")), dim=-1)
+                raw, norm = M.attention_entropy(pattern, v)  # (h',) row means in the block
+                r = (v.sum(-1) >= 2).sum(dim=(0, 2)).double()  # (1|h',) rows counted
+                ent[hsl] += raw * r
+                ent_n[hsl] += norm * r
+                if n_er_blk:
+                    with _lapack_threads(logits):
+                        er[hsl] += M.logit_effective_rank(
+                            logits[:n_er_blk], v[:n_er_blk]) * n_er_blk
+                del logits, pattern
         if st.ent_sum is None:
             st.ent_sum, st.ent_norm_sum = ent, ent_n
             st.erank_sum, st.ent_rows = er, rows
@@ -786,9 +794,13 @@ def probe_pretrained(model_id: str, *, revisions: Sequence[str] | None = None,
     """Measure ``model_id`` at each revision and store it under ``name`` (default: the id).
 
     ``revisions`` default: ``[None]`` (the Hub's default branch, or the local files), stored
-    as revision ``main`` (``local`` for a path). A revision's step comes from its name
+    as revision ``main`` (``local`` for a path; for a path, one revision names what it holds). A revision's step comes from its name
     (``stepN``), else None. ``progress(label)`` returns a per-revision progress callback.
     """
+    if revisions and len(revisions) > 1 and _is_local(model_id):
+        raise PretrainedError(f"{model_id} is a local directory, so --revisions can only name "
+                              "the one revision it holds (e.g. --revisions step1000); measure "
+                              "each revision's directory in turn with the same --name")
     text, tpath = read_text(text_path)
     name = name or (model_id + (f"#{gguf_file}" if gguf_file else ""))
     out = []

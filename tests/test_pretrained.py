@@ -245,6 +245,22 @@ def test_streaming_equals_in_memory_covariance():
         assert va == pytest.approx(vb, abs=1e-9)
 
 
+def test_logit_blocks_do_not_change_results(monkeypatch):
+    """Splitting the logits into (sequence, head) blocks is exact, padding and GQA included."""
+    g = torch.Generator().manual_seed(1)
+    q, k = torch.randn(6, 4, 16, 8, generator=g), torch.randn(6, 2, 16, 8, generator=g)
+    real = torch.ones(6, 16, dtype=torch.bool)
+    real[5, 11:] = False
+    vis = M.causal_visible(16)[None, None] & real[:, None, None, :]
+    whole = P.GeometryAccumulator(erank_seqs=3)
+    whole.update(0, q, k, vis, 0.35, real=real)
+    monkeypatch.setattr(P, "_LOGIT_BLOCK", 16 * 16)  # one sequence and head per block
+    blocks = P.GeometryAccumulator(erank_seqs=3)
+    blocks.update(0, q, k, vis, 0.35, real=real)
+    for (*ka, va), (*kb, vb) in zip(whole.rows(), blocks.rows()):
+        assert ka == kb and va == pytest.approx(vb, abs=1e-12)
+
+
 def test_memory_is_flat_in_tokens():
     """The accumulator's state does not grow with the number of chunks."""
     acc = P.GeometryAccumulator()
