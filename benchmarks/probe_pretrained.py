@@ -12,8 +12,8 @@ Two parts, each budget in a fresh subprocess so that its peak RSS is its own:
 
 Usage (figures in docs/benchmarks.md come from exactly this)::
 
-    python benchmarks/probe_pretrained.py --budgets 1024,4096,16384 \
-        --synthetic-budgets 2048,8192,16384 --json benchmarks/probe_pretrained.json
+    python benchmarks/probe_pretrained.py --budgets 4096,16384 --text PATH/wiki.test.raw \
+        --synthetic-budgets 2048,8192,16384 --json /tmp/probe_pretrained.json
 """
 
 from __future__ import annotations
