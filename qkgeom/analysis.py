@@ -684,7 +684,7 @@ def checkpoint_trend(store: Any, model: str, *, link_x: str = "qk_erank",
     models = pretrained_models(store)
     names = models["model"].to_list()
     if model not in names:
-        have = ", ".join(names) if names else "(none; measure one with `qkgeom pretrained`)"
+        have = ", ".join(names) if names else "(none; measure one with `qkgeom probe-pretrained`)"
         raise AnalysisError(f"no pretrained model {model!r} in the database; models: {have}")
     df = _nan(store.sql(
         "SELECT revision, step, layer, metric, value FROM v_pretrained "
