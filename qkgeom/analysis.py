@@ -632,14 +632,23 @@ def correlate(store: Any, sweep: str, *, x: str, y: str, n_boot: int = 1000, see
         raise AnalysisError(f"--boot must be at least 100 for a CI, got {n_boot}")
     pts = points if points is not None else correlation_points(
         store, sweep, x=x, y=y, arm=arm, finished_only=finished_only)
-    overall = stats.spearman_ci(pts[x].to_numpy(), pts[y].to_numpy(), n_boot=n_boot,
-                                rng=_rng(seed))
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    parts = list(pts.group_by(["depth"], maintain_order=True))
+    # The bootstraps (overall, then one per depth) are independent, each with its own
+    # seeded generator, so they run on two threads (numpy releases the GIL in the
+    # per-resample array work); results do not depend on the scheduling.
+    jobs = [(pts, _rng(seed))] + ([(part, _rng(seed, int(depth))) for (depth,), part in parts]
+                                  if depth_ci else [])
+    with ThreadPoolExecutor(max_workers=min(2, os.cpu_count() or 1)) as ex:
+        cis = list(ex.map(lambda j: stats.spearman_ci(j[0][x].to_numpy(), j[0][y].to_numpy(),
+                                                       n_boot=n_boot, rng=j[1]), jobs))
+    overall = cis[0]
     by_depth = []
-    for (depth,), part in pts.group_by(["depth"], maintain_order=True):
+    for i, ((depth,), part) in enumerate(parts):
         if depth_ci:
-            r = stats.spearman_ci(part[x].to_numpy(), part[y].to_numpy(), n_boot=n_boot,
-                                  rng=_rng(seed, int(depth)))
-            by_depth.append({"depth": depth, **r.to_dict()})
+            by_depth.append({"depth": depth, **cis[i + 1].to_dict()})
         else:
             by_depth.append({"depth": depth, "n": part.height,
                              "rho": stats.spearman(part[x].to_numpy(), part[y].to_numpy())})

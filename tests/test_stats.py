@@ -249,3 +249,30 @@ def test_avg_ranks_equal_rankdata():
     for n in (1, 2, 5, 100, 1001):
         for a in (rng.normal(size=n), rng.integers(0, 4, n).astype(float)):
             np.testing.assert_array_equal(S._avg_ranks(a), ss.rankdata(a))
+
+
+def test_resample_ranks_sum_of_squares_and_rho_equal_scipy():
+    """``ranks_ss`` and ``_resample_spearman`` against scipy on the explicit resample."""
+    rng = np.random.default_rng(7)
+    for n in (2, 5, 60, 301):
+        for ties in (False, True):
+            x = rng.integers(0, 4, n).astype(float) if ties else rng.normal(size=n)
+            y = rng.integers(0, 3, n).astype(float) + 0.5 * x
+            order = np.argsort(x, kind="stable")
+            rx, ry = S._WeightedRanks(x[order]), S._WeightedRanks(y[order])
+            pos = np.empty(n, dtype=np.intp)
+            pos[order] = np.arange(n)
+            for _ in range(4):
+                idx = rng.integers(0, n, n)
+                w = np.bincount(pos[idx], minlength=n)
+                for rk, v in ((rx, x), (ry, y)):
+                    r, ss_ = rk.ranks_ss(w, n)
+                    want = 2 * (ss.rankdata(v[idx]) - (n + 1) / 2)
+                    assert ss_ == int(round((want**2).sum()))
+                    np.testing.assert_array_equal(r[pos[idx]], want)
+                got = S._resample_spearman(w, rx, ry, np.empty(n, dtype=np.int64))
+                xs, ys = x[idx], y[idx]
+                if np.ptp(xs) == 0 or np.ptp(ys) == 0:
+                    assert math.isnan(got)
+                else:
+                    assert abs(got - ss.spearmanr(xs, ys).statistic) < 1e-12
