@@ -280,7 +280,10 @@ def build_plan(spec: dict[str, Any], *, name: str | None = None, data: str | Non
             raise SpecError(f"trial.overrides.{k}: set by the sweep grid; use grid.depths, "
                             "grid.inits, interventions.arms or the seeds lists instead")
     if data is not None:
-        overrides["dataset"] = str(data)
+        data = str(data)
+        if Path(data).expanduser().exists():  # Ray workers run elsewhere: absolute paths only
+            data = str(Path(data).expanduser().resolve())
+        overrides["dataset"] = data
         # kept in the stored spec, so that a resume rebuilds the very same configs
         spec.setdefault("trial", {}).setdefault("overrides", {})["dataset"] = str(data)
     base = TrialConfig(**PRESETS[base_name]).to_dict()

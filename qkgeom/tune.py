@@ -581,6 +581,9 @@ def run_sweep(plan: SweepPlan, opts: SweepOptions) -> dict[str, Any]:
         raise SweepError(f"sweep {plan.name!r} already has a Ray experiment at {path}; "
                          f"continue it with: qkgeom sweep --resume --name {plan.name} "
                          "(or pick another --name)")
+    if opts.address is None:  # local Ray: a bad --data fails here, before any trial starts
+        for dataset in sorted({t.config.get("dataset", "default") for t in plan.trials}):
+            _corpus(dataset)
     sid, n_int = prepare_db(plan, db_url, resume=opts.resume, threads=threads)
     say = (lambda *a: None) if opts.quiet else (lambda *a: print(*a, flush=True))
     if n_int:
