@@ -110,3 +110,15 @@ def test_sweep_module_and_help_do_not_import_ray():
     code = ("import sys, qkgeom.sweep, qkgeom.cli; "
             "assert 'ray' not in sys.modules, 'ray imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_relative_data_path_becomes_absolute_for_ray_workers(tmp_path, monkeypatch):
+    from qkgeom.sweep import plan_from
+
+    (tmp_path / "corpus.txt").write_text("abc" * 100)
+    monkeypatch.chdir(tmp_path)
+    plan = plan_from("smoke", data="corpus.txt")
+    assert {t.config["dataset"] for t in plan.trials} == {str(tmp_path / "corpus.txt")}
+    # names that are not local paths (a hub dataset) pass through unchanged
+    plan = plan_from("smoke", data="wikitext-2")
+    assert {t.config["dataset"] for t in plan.trials} == {"wikitext-2"}
