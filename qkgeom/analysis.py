@@ -73,7 +73,7 @@ def resolve_sweep(store: Any, sweep: str | None) -> str:
             return names[0]
         if not names:
             raise AnalysisError("the database holds no sweeps yet; run one with "
-                                "`qkgeom sweep run` (or point --db at another database)")
+                                "`qkgeom sweep` (or point --db at another database)")
         raise AnalysisError(f"the database holds {len(names)} sweeps; pick one with --sweep "
                             f"NAME: {', '.join(names)}")
     if sweep not in names:
@@ -115,7 +115,7 @@ def _select_trials(store: Any, sweep: str, *, arms: list[str] | None = None,
     t = trials(store, sweep)
     if t.height == 0:
         raise AnalysisError(f"sweep {sweep!r} has no trials yet; run it with "
-                            f"`qkgeom sweep run` first")
+                            f"`qkgeom sweep` first")
     what = []
     if arms is not None:
         t = t.filter(pl.col("arm").is_in(arms))
