@@ -616,7 +616,8 @@ class CorrelationReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"sweep": self.sweep, "x": self.x, "y": self.y, "method": "spearman",
-                "unit": "one point per (trial, probe, layer)", "seed": self.seed,
+                "unit": "one point per (trial, probe, layer)",
+                "bootstrap": "cluster bootstrap over trials", "seed": self.seed,
                 **self.overall.to_dict(), "by_depth": self.by_depth}
 
 
@@ -624,6 +625,9 @@ def correlate(store: Any, sweep: str, *, x: str, y: str, n_boot: int = 1000, see
               arm: str | None = None, finished_only: bool = True,
               points: pl.DataFrame | None = None, depth_ci: bool = True) -> CorrelationReport:
     """Spearman of ``x`` vs ``y`` across probes and runs, overall and per depth.
+
+    The CIs come from a cluster bootstrap over trials (:func:`stats.spearman_ci` with
+    ``clusters`` = trial id): a resample keeps or repeats whole trials.
 
     ``points``: a :func:`correlation_points` frame, if already read. ``depth_ci=False``
     gives per-depth rho without a bootstrap CI (cheaper).
@@ -642,8 +646,9 @@ def correlate(store: Any, sweep: str, *, x: str, y: str, n_boot: int = 1000, see
     jobs = [(pts, _rng(seed))] + ([(part, _rng(seed, int(depth))) for (depth,), part in parts]
                                   if depth_ci else [])
     with ThreadPoolExecutor(max_workers=min(2, os.cpu_count() or 1)) as ex:
-        cis = list(ex.map(lambda j: stats.spearman_ci(j[0][x].to_numpy(), j[0][y].to_numpy(),
-                                                       n_boot=n_boot, rng=j[1]), jobs))
+        cis = list(ex.map(lambda j: stats.spearman_ci(
+            j[0][x].to_numpy(), j[0][y].to_numpy(), clusters=j[0]["trial_id"].to_numpy(),
+            n_boot=n_boot, rng=j[1]), jobs))
     overall = cis[0]
     by_depth = []
     for i, ((depth,), part) in enumerate(parts):

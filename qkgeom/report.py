@@ -177,13 +177,16 @@ def _correlation_claim(store: Any, sweep: str, fin: bool, seed: int,
         verdict = NO_DATA
         measured = "; ".join(m.get("error", "missing") for m in main if "error" in m or not m)
     else:
+        few = [m for m in main if m["ci_low"] is None]  # too few trials for a CI
         ok = all(m["ci_low"] is not None and m["ci_low"] > 0 for m in main)
-        verdict = HOLDS if ok else FAILS
+        verdict = NO_DATA if few else HOLDS if ok else FAILS
         measured = "; ".join(f"Spearman({y}, {x}) = {A.fmt(res[f'{y}~{x}']['rho'])} "
                              f"[{A.fmt(res[f'{y}~{x}']['ci_low'])}, "
                              f"{A.fmt(res[f'{y}~{x}']['ci_high'])}]"
                              for x, y in pairs if "rho" in res.get(f"{y}~{x}", {}))
-        measured += " (one point per trial, probe and layer; CI over points)"
+        measured += (" (one point per trial, probe and layer; CI from a cluster bootstrap "
+                     f"over {main[0]['n_clusters']} trials"
+                     + ("; fewer than 3 trials give no CI" if few else "") + ")")
     sections.append(Section("Correlations across probes and runs (Spearman, 95% bootstrap CI)",
                             tables=[("", rows)], figure="correlation",
                             caption="attention entropy against key-activation PR_K"))

@@ -425,11 +425,12 @@ def _resample_spearman(w: np.ndarray, rx: _WeightedRanks, ry: _WeightedRanks,
 
 @dataclass
 class SpearmanResult(_ToDict):
-    """Spearman's rho with a bootstrap percentile CI from resampling (x, y) pairs.
+    """Spearman's rho with a bootstrap percentile CI.
 
-    The CI treats pairs as independent; points from one run are not, so read it as a
-    lower bound on the uncertainty. ``n_boot_undefined`` counts resamples in which one
-    variable was constant (rho undefined); they are left out of the quantiles.
+    ``resample`` says what the bootstrap drew: ``"clusters"`` (whole groups of points,
+    e.g. every probe of one trial, ``n_clusters`` of them) or ``"points"`` (single (x, y)
+    pairs, as if independent). ``n_boot_undefined`` counts resamples in which one variable
+    was constant (rho undefined); they are left out of the quantiles.
     """
 
     n: int
@@ -440,27 +441,157 @@ class SpearmanResult(_ToDict):
     ci: float
     n_boot: int
     n_boot_undefined: int = 0
+    resample: str = "points"
+    n_clusters: int | None = None
+
+
+class _ClusterRankSums:
+    """Spearman's rho of any cluster-bootstrap resample in O(T^3), T = number of clusters.
+
+    In a resample where cluster u is drawn ``c[u]`` times, every point of u appears
+    ``c[u]`` times. The doubled, centred average rank of point i there is exactly linear
+    in the draw counts: ``2 R_i - (N + 1) = sum_u c[u] * D[i, u]``, where
+    ``D[i, u] = #{j in u: v_j < v_i} - #{j in u: v_j > v_i}`` (ties included: a tied
+    value's copies sit half below, half above it). So the resample's rank cross-product
+    ``sum_i c[t(i)] (D^x_i . c)(D^y_i . c)`` is the cubic form
+    ``sum_{t,u,w} c_t c_u c_w G[t, u, w]`` with ``G[t] = D^x_t^T D^y_t`` summed over the
+    points of cluster t. The three tensors (xx, yy, xy) are built once in O(n T^2); each
+    resample then costs O(T^3) whatever the number of points.
+    """
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, codes: np.ndarray, n_clusters: int):
+        T = n_clusters
+        members = np.argsort(codes, kind="stable")
+        bounds = np.searchsorted(codes[members], np.arange(T + 1))
+        dx, ix = self._signed_counts(x, codes, T)
+        dy, iy = self._signed_counts(y, codes, T)
+        self.T = T
+        self.g = np.empty((3, T, T, T))  # xx, yy, xy
+        for t in range(T):
+            pts = members[bounds[t]:bounds[t + 1]]
+            a = dx[ix[pts]]
+            b = dy[iy[pts]]
+            self.g[0, t] = a.T @ a
+            self.g[1, t] = b.T @ b
+            self.g[2, t] = a.T @ b
+
+    @staticmethod
+    def _signed_counts(v: np.ndarray, codes: np.ndarray, T: int
+                       ) -> tuple[np.ndarray, np.ndarray]:
+        """Per unique value of ``v`` and cluster u: points of u below minus points of u
+        above that value (float64, exact integers), and each point's unique-value index."""
+        uniq, inv = np.unique(v, return_inverse=True)
+        U = uniq.size
+        cnt = np.bincount(inv * T + codes, minlength=U * T).reshape(U, T)
+        upto = np.cumsum(cnt, axis=0)  # points of u with value <= this one
+        d = (upto - cnt) + upto - upto[-1]  # below - above = below + (below + equal) - n_u
+        return d.astype(float), inv
+
+    def rhos(self, counts: np.ndarray, chunk: int = 256) -> np.ndarray:
+        """rho for each row of ``counts`` (resamples x clusters, draw counts)."""
+        T = self.T
+        out = np.empty(counts.shape[0])
+        flat = self.g.reshape(3, T, T * T)
+        for s in range(0, counts.shape[0], chunk):
+            c = counts[s:s + chunk].astype(float)
+            sums = []
+            for k in range(3):
+                h = (c @ flat[k]).reshape(-1, T, T)  # sum_t c_t G[t, u, w]
+                sums.append(np.einsum("buw,bu,bw->b", h, c, c))
+            sxx, syy, sxy = sums
+            den = np.sqrt(sxx * syy)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                out[s:s + chunk] = np.where(den > 0, sxy / np.where(den > 0, den, 1.0), np.nan)
+        return out
+
+
+def _cluster_rhos_by_points(x: np.ndarray, y: np.ndarray, codes: np.ndarray,
+                            counts: np.ndarray) -> np.ndarray:
+    """The same resamples as :class:`_ClusterRankSums`, in O(n) each: every point is
+    weighted by its cluster's draw count and ranked by :class:`_WeightedRanks`. Used when
+    there are too many clusters for the O(T^3) tensors."""
+    order = np.argsort(x, kind="stable")
+    rx, ry = _WeightedRanks(x[order]), _WeightedRanks(y[order])
+    code_sorted = codes[order]
+    buf = np.empty(x.size, dtype=np.int64)
+    out = np.empty(counts.shape[0])
+    for b in range(counts.shape[0]):
+        w = np.take(counts[b].astype(np.int64), code_sorted)
+        out[b] = _resample_spearman(w, rx, ry, buf)
+    return out
+
+
+# The O(T^3) path holds 3 T^3 floats and costs about 6 T^3 flops per resample; the
+# per-point path costs roughly 25 ns per point per resample (benchmarks/stats.py data).
+_TENSOR_MAX_CLUSTERS = 192
+
+
+def _use_tensor(n: int, T: int) -> bool:
+    # the build holds a (unique values x clusters) table: keep it under ~400 MB
+    return T <= _TENSOR_MAX_CLUSTERS and T**3 <= 16 * n and n * T <= 50_000_000
+
+
+def _quantile_ci(rhos: np.ndarray, ci: float) -> tuple[float, float, int]:
+    ok = rhos[np.isfinite(rhos)]
+    alpha = (1 - ci) / 2
+    lo, hi = np.quantile(ok, [alpha, 1 - alpha]) if ok.size else (math.nan, math.nan)
+    return float(lo), float(hi), int(rhos.size - ok.size)
 
 
 def spearman_ci(x: Any, y: Any, *, n_boot: int = 1000, rng: np.random.Generator,
-                ci: float = 0.95) -> SpearmanResult:
-    """Spearman's rho of finite (x, y) pairs and a bootstrap percentile CI over pairs.
+                ci: float = 0.95, clusters: Any = None, method: str = "auto"
+                ) -> SpearmanResult:
+    """Spearman's rho of finite (x, y) pairs and a bootstrap percentile CI.
 
     Pairs where either value is non-finite are dropped first. Fewer than 3 pairs give
-    NaN throughout. Each resample draws ``rng.integers(0, n, n)``.
+    NaN throughout.
+
+    ``clusters=None`` resamples pairs: each resample draws ``rng.integers(0, n, n)``
+    (as ``scipy.stats.bootstrap(paired=True)``). With ``clusters`` (one label per pair,
+    e.g. the trial each probe came from) it is a cluster bootstrap: each resample draws
+    ``rng.integers(0, T, T)`` of the T clusters and keeps every pair of each drawn
+    cluster, as often as it was drawn; rho of the pooled resample. Fewer than 3 clusters
+    give a NaN CI. ``method`` (cluster bootstrap only): ``"tensor"`` (O(T^3) per
+    resample), ``"points"`` (O(n) per resample) or ``"auto"``; they give the same numbers
+    up to float rounding.
     """
     x = np.asarray(x, dtype=float).ravel()
     y = np.asarray(y, dtype=float).ravel()
     if x.shape != y.shape:
         raise ValueError(f"x has {x.size} values but y has {y.size}")
+    if method not in ("auto", "tensor", "points"):
+        raise ValueError(f"method must be auto, tensor or points, got {method!r}")
     keep = np.isfinite(x) & np.isfinite(y)
+    codes = None
+    if clusters is not None:
+        labels = np.asarray(clusters).ravel()
+        if labels.shape != keep.shape:
+            raise ValueError(f"clusters has {labels.size} labels for {keep.size} pairs")
+        codes = np.unique(labels[keep], return_inverse=True)[1].astype(np.intp)
     x, y = x[keep], y[keep]
     n = int(x.size)
     dropped = int(keep.size - n)
+    T = None if codes is None else (int(codes.max()) + 1 if n else 0)
+    kind = "points" if codes is None else "clusters"
+    nan = math.nan
     if n < 3:
-        return SpearmanResult(n=n, n_dropped=dropped, rho=math.nan, ci_low=math.nan,
-                              ci_high=math.nan, ci=ci, n_boot=n_boot)
+        return SpearmanResult(n=n, n_dropped=dropped, rho=nan, ci_low=nan, ci_high=nan,
+                              ci=ci, n_boot=n_boot, resample=kind, n_clusters=T)
     rho = spearman(x, y)
+    if codes is not None:
+        if T < 3:
+            return SpearmanResult(n=n, n_dropped=dropped, rho=rho, ci_low=nan, ci_high=nan,
+                                  ci=ci, n_boot=n_boot, resample=kind, n_clusters=T)
+        counts = np.empty((n_boot, T), dtype=np.int64)
+        for b in range(n_boot):
+            counts[b] = np.bincount(rng.integers(0, T, T), minlength=T)
+        tensor = method == "tensor" or (method == "auto" and _use_tensor(n, T))
+        rhos = (_ClusterRankSums(x, y, codes, T).rhos(counts) if tensor
+                else _cluster_rhos_by_points(x, y, codes, counts))
+        lo, hi, bad = _quantile_ci(rhos, ci)
+        return SpearmanResult(n=n, n_dropped=dropped, rho=rho, ci_low=lo, ci_high=hi, ci=ci,
+                              n_boot=n_boot, n_boot_undefined=bad, resample=kind,
+                              n_clusters=T)
     # Sort pairs by x so x's rank lookups run sequentially in memory (speed only).
     order = np.argsort(x, kind="stable")
     rx, ry = _WeightedRanks(x[order]), _WeightedRanks(y[order])
@@ -476,11 +607,9 @@ def spearman_ci(x: Any, y: Any, *, n_boot: int = 1000, rng: np.random.Generator,
         idx = rng.integers(0, n, n, dtype=dt)
         w = np.bincount(np.take(pos, idx, out=p), minlength=n)
         rhos[b] = _resample_spearman(w, rx, ry, buf)
-    ok = rhos[np.isfinite(rhos)]
-    alpha = (1 - ci) / 2
-    lo, hi = np.quantile(ok, [alpha, 1 - alpha]) if ok.size else (math.nan, math.nan)
-    return SpearmanResult(n=n, n_dropped=dropped, rho=rho, ci_low=float(lo), ci_high=float(hi),
-                          ci=ci, n_boot=n_boot, n_boot_undefined=int(n_boot - ok.size))
+    lo, hi, bad = _quantile_ci(rhos, ci)
+    return SpearmanResult(n=n, n_dropped=dropped, rho=rho, ci_low=lo, ci_high=hi, ci=ci,
+                          n_boot=n_boot, n_boot_undefined=bad, resample=kind)
 
 
 # --------------------------------------------------------------------------- checkpoints

@@ -145,6 +145,9 @@ def test_correlate(planted):
     assert [b["depth"] for b in d["by_depth"]] == [2, 3]
     # every (trial, probe, layer): 40 trials; grid 15 x (2 or 3 layers) ...; just check > 0
     assert d["n"] == sum(b["n"] for b in d["by_depth"])
+    # the CI resamples whole trials: 2 depths x 3 inits x 5 seeds + 2 arms x 5 seeds
+    assert d["resample"] == "clusters" and d["bootstrap"] == "cluster bootstrap over trials"
+    assert d["n_clusters"] == 40 == sum(b["n_clusters"] for b in d["by_depth"])
 
 
 # --------------------------------------------------------------------------- pretrained

@@ -214,6 +214,86 @@ def test_spearman_ci_small_and_nonfinite():
     assert r.n_boot_undefined > 0  # some resamples repeat one point only
 
 
+def _cluster_reference(x, y, labels, n_boot, seed, ci=0.95):
+    """Straightforward cluster bootstrap: pool the drawn clusters' points (each as often as
+    its cluster was drawn) and call scipy's spearmanr on the pooled arrays."""
+    rng = np.random.default_rng(seed)
+    names = np.unique(labels)
+    groups = [np.flatnonzero(labels == g) for g in names]
+    rhos = []
+    for _ in range(n_boot):
+        pick = np.concatenate([groups[k] for k in rng.integers(0, names.size, names.size)])
+        xs, ys = x[pick], y[pick]
+        if np.ptp(xs) == 0 or np.ptp(ys) == 0:
+            continue
+        rhos.append(ss.spearmanr(xs, ys).statistic)
+    return np.quantile(rhos, [(1 - ci) / 2, (1 + ci) / 2]), n_boot - len(rhos)
+
+
+@pytest.mark.parametrize("ties", [False, True])
+@pytest.mark.parametrize("method", ["tensor", "points", "auto"])
+def test_cluster_bootstrap_matches_pooled_reference(ties, method):
+    rng = np.random.default_rng(5)
+    sizes = rng.integers(1, 25, 9)  # unequal clusters, some tiny
+    labels = np.repeat(np.array([f"trial-{k}" for k in range(9)]), sizes)
+    shift = rng.normal(size=9)[np.repeat(np.arange(9), sizes)]  # a shared offset per cluster
+    x = shift + rng.normal(size=labels.size)
+    y = shift + 0.5 * x + rng.normal(size=labels.size)
+    if ties:
+        x, y = np.round(x), np.round(y)
+    perm = rng.permutation(labels.size)  # clusters interleaved, not contiguous
+    x, y, labels = x[perm], y[perm], labels[perm]
+    r = S.spearman_ci(x, y, clusters=labels, n_boot=300, rng=np.random.default_rng(8),
+                      method=method)
+    (lo, hi), undefined = _cluster_reference(x, y, labels, 300, 8)
+    assert r.resample == "clusters" and r.n_clusters == 9 and r.n == labels.size
+    assert abs(r.rho - ss.spearmanr(x, y).statistic) < 1e-12
+    assert abs(r.ci_low - lo) < 1e-12 and abs(r.ci_high - hi) < 1e-12
+    assert r.n_boot_undefined == undefined
+
+
+def test_cluster_rank_sums_equal_rankdata_per_resample():
+    # the O(T^3) identity, one resample at a time against scipy on the pooled points
+    rng = np.random.default_rng(6)
+    codes = rng.integers(0, 5, 60)
+    x = rng.integers(0, 4, 60).astype(float)  # heavy ties
+    y = rng.normal(size=60)
+    sums = S._ClusterRankSums(x, y, codes, 5)
+    counts = np.array([[1, 1, 1, 1, 1], [0, 2, 0, 3, 0], [5, 0, 0, 0, 0], [0, 0, 1, 1, 3]])
+    got = sums.rhos(counts)
+    for c, g in zip(counts, got):
+        w = c[codes]
+        xs, ys = np.repeat(x, w), np.repeat(y, w)
+        want = ss.spearmanr(xs, ys).statistic if np.ptp(xs) > 0 else math.nan
+        assert (math.isnan(g) and math.isnan(want)) or abs(g - want) < 1e-12
+
+
+def test_cluster_bootstrap_wider_than_pairs_when_clusters_share_noise():
+    # 20 clusters of 50 points; the x-y link lives only in a per-cluster offset, so the
+    # effective sample size is 20, not 1000: the pair bootstrap is far too narrow
+    rng = np.random.default_rng(7)
+    k = np.repeat(np.arange(20), 50)
+    off = rng.normal(size=20)[k]
+    x = off + 0.3 * rng.normal(size=k.size)
+    y = off + 0.3 * rng.normal(size=k.size)
+    pairs = S.spearman_ci(x, y, n_boot=400, rng=np.random.default_rng(0))
+    clus = S.spearman_ci(x, y, clusters=k, n_boot=400, rng=np.random.default_rng(0))
+    assert clus.rho == pairs.rho
+    assert (clus.ci_high - clus.ci_low) > 3 * (pairs.ci_high - pairs.ci_low)
+
+
+def test_cluster_bootstrap_few_clusters_and_nonfinite():
+    x = [1.0, 2.0, 3.0, 4.0, math.nan, 6.0]
+    y = [2.0, 1.0, 4.0, 3.0, 5.0, math.inf]
+    r = S.spearman_ci(x, y, clusters=["a", "a", "b", "b", "c", "c"], n_boot=100,
+                      rng=np.random.default_rng(0))
+    # pairs 5 and 6 are dropped, which removes cluster c: 2 clusters, no CI
+    assert r.n == 4 and r.n_dropped == 2 and r.n_clusters == 2
+    assert r.rho == pytest.approx(0.6) and math.isnan(r.ci_low) and math.isnan(r.ci_high)
+    with pytest.raises(ValueError, match="labels"):
+        S.spearman_ci([1, 2, 3], [1, 2, 3], clusters=[0, 1], rng=np.random.default_rng(0))
+
+
 # --------------------------------------------------------------------------- checkpoints
 
 

@@ -261,8 +261,9 @@ def correlate_cmd(db: str | None, sweep: str | None, include_unfinished: bool, x
                   arm: str | None, boot: int, seed: int, fmt: str) -> None:
     """Spearman correlation of two metrics across probes and runs, overall and per depth.
 
-    One point per (trial, probe, layer), layer-level values. The CI resamples points as
-    if independent; points of one run are not, so read it as optimistic.
+    One point per (trial, probe, layer), layer-level values. The CI is a cluster
+    bootstrap over trials: each resample draws whole trials with replacement (probes of
+    one run are not independent, so they are never split). Needs at least 3 trials.
     """
     from qkgeom import analysis as A
 
@@ -276,11 +277,13 @@ def correlate_cmd(db: str | None, sweep: str | None, include_unfinished: bool, x
         return
     click.echo(f"Spearman of {y} vs {x}: sweep {name}, one point per (trial, probe, layer)"
                f"{'' if arm is None else f', arm {arm}'}")
-    rows = [{"depth": "all", **{k: d[k] for k in ("n", "rho", "ci_low", "ci_high")}}]
-    rows += [{"depth": str(r["depth"]), **{k: r[k] for k in ("n", "rho", "ci_low", "ci_high")}}
-             for r in d["by_depth"]]
-    click.echo(table(rows))
-    click.echo(f"(95% bootstrap percentile CI over points, B = {boot}, seed {seed})")
+    keys = ("n_clusters", "n", "rho", "ci_low", "ci_high")
+    rows = [{"depth": "all", **{k: d[k] for k in keys}}]
+    rows += [{"depth": str(r["depth"]), **{k: r[k] for k in keys}} for r in d["by_depth"]]
+    click.echo(table([{("trials" if k == "n_clusters" else k): v for k, v in r.items()}
+                      for r in rows]))
+    click.echo(f"(95% percentile CI of a cluster bootstrap over trials: whole trials drawn "
+               f"with replacement, B = {boot}, seed {seed}; nan below 3 trials)")
 
 
 @stats_group.command("checkpoint-trend")
