@@ -130,3 +130,15 @@ def test_report_and_plot_json_output(planted_report, tmp_path):
     assert json.loads(r.output)["out"].endswith("t.svg")
     r = invoke("report", "--db", url, "--out", str(tmp_path / "r2"))
     assert "4-shrink" in r.output and "holds" in r.output
+
+
+def test_report_correlation_needs_three_trials(tmp_path):
+    # two trials (two seeds, no arms): rho exists but a bootstrap over 2 trials is no CI
+    url = "sqlite:///" + str(tmp_path / "two.db")
+    make_synthetic_db(url, sweep="two", seeds=2, depths=(2,), inits=("gaussian",), arms=())
+    out = tmp_path / "rep"
+    assert invoke("report", "--db", url, "--out", str(out)).exit_code == 0
+    assert verdicts(out)["3"] == "not enough data"
+    data = json.loads((out / "report.json").read_text())
+    c3 = next(c for c in data["claims"] if c["key"] == "3")
+    assert "over 2 trials" in c3["measured"] and "fewer than 3 trials" in c3["measured"]
