@@ -162,16 +162,16 @@ def _correlation_claim(store: Any, sweep: str, fin: bool, seed: int,
     for x, y in pairs:
         try:
             xy = A.correlation_points(store, sweep, x=x, y=y, points=pts)
-            # per-depth rho only: a CI for each depth and pair would dominate the run time
-            r = A.correlate(store, sweep, x=x, y=y, n_boot=1000, seed=seed, points=xy,
-                            depth_ci=False)
+            r = A.correlate(store, sweep, x=x, y=y, n_boot=1000, seed=seed, points=xy)
         except QkgeomError as e:
             res[f"{y}~{x}"] = {"error": str(e)}
             continue
         res[f"{y}~{x}"] = r.to_dict()
-        rows.append({"x": x, "y": y, "n": r.overall.n, "rho": r.overall.rho,
-                     "ci_low": r.overall.ci_low, "ci_high": r.overall.ci_high,
-                     **{f"rho_depth_{b['depth']}": b["rho"] for b in r.by_depth}})
+        o = r.overall
+        for depth, part in [("all", o.to_dict())] + [(str(b["depth"]), b) for b in r.by_depth]:
+            rows.append({"x": x, "y": y, "depth": depth, "trials": part["n_clusters"],
+                         "n": part["n"], "rho": part["rho"], "ci_low": part["ci_low"],
+                         "ci_high": part["ci_high"]})
     main = [res.get("qk_erank~pr_k", {}), res.get("entropy~pr_k", {})]
     if any("error" in m or not m for m in main):
         verdict = NO_DATA
@@ -188,7 +188,7 @@ def _correlation_claim(store: Any, sweep: str, fin: bool, seed: int,
         measured += (" (one point per trial, probe and layer; CI from a cluster bootstrap "
                      f"over {main[0]['n_clusters']} trials"
                      + ("; fewer than 3 trials give no CI" if few else "") + ")")
-    sections.append(Section("Correlations across probes and runs (Spearman, 95% bootstrap CI)",
+    sections.append(Section("Correlations across probes and runs (Spearman, 95% cluster-bootstrap CI over trials)",
                             tables=[("", rows)], figure="correlation",
                             caption="attention entropy against key-activation PR_K"))
     return Claim("3", paper, measured, verdict, res)

@@ -142,3 +142,17 @@ def test_report_correlation_needs_three_trials(tmp_path):
     data = json.loads((out / "report.json").read_text())
     c3 = next(c for c in data["claims"] if c["key"] == "3")
     assert "over 2 trials" in c3["measured"] and "fewer than 3 trials" in c3["measured"]
+
+
+def test_report_correlation_rows_per_depth_with_cis(planted_report):
+    _, out = planted_report
+    md = (out / "report.md").read_text()
+    table = md.split("### Correlations across probes and runs", 1)[1].split("###", 1)[0]
+    rows = [r.split("|")[1:-1] for r in table.splitlines() if r.startswith("| pr_k | entropy")]
+    # overall then depths 2 and 3; every row with its trial count and a CI around rho
+    assert [r[2].strip() for r in rows] == ["all", "2", "3"]
+    trials = [int(r[3]) for r in rows]
+    assert trials[0] == sum(trials[1:]) == 40
+    for r in rows:
+        lo, rho, hi = float(r[6]), float(r[5]), float(r[7])
+        assert lo <= rho <= hi
