@@ -463,29 +463,32 @@ class _ClusterRankSums:
         T = n_clusters
         members = np.argsort(codes, kind="stable")
         bounds = np.searchsorted(codes[members], np.arange(T + 1))
-        dx, ix = self._signed_counts(x, codes, T)
-        dy, iy = self._signed_counts(y, codes, T)
+        # (clusters x points) tables, points grouped by cluster: float64 for BLAS, exact
+        # (every entry and every partial sum of G is an integer below 2^53)
+        dx = self._signed_counts(x, codes, T)[:, members].astype(float)
+        dy = self._signed_counts(y, codes, T)[:, members].astype(float)
         self.T = T
         self.g = np.empty((3, T, T, T))  # xx, yy, xy
         for t in range(T):
-            pts = members[bounds[t]:bounds[t + 1]]
-            a = dx[ix[pts]]
-            b = dy[iy[pts]]
-            self.g[0, t] = a.T @ a
-            self.g[1, t] = b.T @ b
-            self.g[2, t] = a.T @ b
+            a = dx[:, bounds[t]:bounds[t + 1]]
+            b = dy[:, bounds[t]:bounds[t + 1]]
+            self.g[0, t] = a @ a.T
+            self.g[1, t] = b @ b.T
+            self.g[2, t] = a @ b.T
 
     @staticmethod
-    def _signed_counts(v: np.ndarray, codes: np.ndarray, T: int
-                       ) -> tuple[np.ndarray, np.ndarray]:
-        """Per unique value of ``v`` and cluster u: points of u below minus points of u
-        above that value (float64, exact integers), and each point's unique-value index."""
+    def _signed_counts(v: np.ndarray, codes: np.ndarray, T: int) -> np.ndarray:
+        """``D`` transposed, (clusters x points), int32: for point i and cluster u, the
+        points of u below v_i minus the points of u above v_i."""
         uniq, inv = np.unique(v, return_inverse=True)
         U = uniq.size
-        cnt = np.bincount(inv * T + codes, minlength=U * T).reshape(U, T)
-        upto = np.cumsum(cnt, axis=0)  # points of u with value <= this one
-        d = (upto - cnt) + upto - upto[-1]  # below - above = below + (below + equal) - n_u
-        return d.astype(float), inv
+        # per cluster (rows) and unique value (columns, ascending): how many points
+        cnt = np.bincount(codes * U + inv, minlength=T * U).astype(np.int32).reshape(T, U)
+        upto = np.cumsum(cnt, axis=1, dtype=np.int32)  # points of u with value <= this one
+        d = upto + upto  # below - above = (upto - cnt) + upto - n_u
+        d -= cnt
+        d -= upto[:, -1:]
+        return d[:, inv]
 
     def rhos(self, counts: np.ndarray, chunk: int = 256) -> np.ndarray:
         """rho for each row of ``counts`` (resamples x clusters, draw counts)."""
@@ -527,8 +530,8 @@ _TENSOR_MAX_CLUSTERS = 192
 
 
 def _use_tensor(n: int, T: int) -> bool:
-    # the build holds a (unique values x clusters) table: keep it under ~400 MB
-    return T <= _TENSOR_MAX_CLUSTERS and T**3 <= 16 * n and n * T <= 50_000_000
+    # the build holds two (clusters x points) float64 tables: keep each under ~160 MB
+    return T <= _TENSOR_MAX_CLUSTERS and T**3 <= 16 * n and n * T <= 20_000_000
 
 
 def _quantile_ci(rhos: np.ndarray, ci: float) -> tuple[float, float, int]:
