@@ -356,3 +356,12 @@ def test_resample_ranks_sum_of_squares_and_rho_equal_scipy():
                     assert math.isnan(got)
                 else:
                     assert abs(got - ss.spearmanr(xs, ys).statistic) < 1e-12
+
+
+def test_cluster_path_choice():
+    # the benchmark's shape takes the O(T^3) path; many clusters or few points per
+    # cluster, or a build too large for memory, take the per-point path
+    assert S._use_tensor(111_848, 44)
+    assert not S._use_tensor(200, 40)  # 40^3 > 16 * 200
+    assert not S._use_tensor(10**7, 193)  # more than 192 clusters
+    assert not S._use_tensor(10**6, 100)  # n * T = 10^8 table entries
