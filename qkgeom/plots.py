@@ -48,7 +48,7 @@ def _frame(df: Any, required: set[str], what: str) -> pl.DataFrame:
         if "value" in df.columns else df
     if df.height == 0:
         raise PlotError(f"no finite values to draw in the {what} plot; check the sweep has "
-                        "probe metrics (qkgeom db info)")
+                        "probe metrics (qkgeom status --name SWEEP)")
     return df
 
 

@@ -693,7 +693,7 @@ def resolve_checkpoints(spec: str, store: Any | None) -> tuple[str, list[tuple[i
         {"sweep": sweep, "key": key})
     if df.height == 0:
         raise PretrainedError(f"no checkpoints recorded for trial {key!r} of sweep {sweep!r}; "
-                              "list trials with `qkgeom db sql` or pass a checkpoint directory")
+                              "list trials with `qkgeom status --name SWEEP` or pass a checkpoint directory")
     found = [(int(s), Path(loc)) for s, loc in zip(df["step"].to_list(), df["location"].to_list())]
     missing = [str(d) for _, d in found if not d.exists()]
     if missing:

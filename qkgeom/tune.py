@@ -459,6 +459,18 @@ def prepare_db(plan: SweepPlan, db_url: str, *, resume: bool, threads: int) -> t
 
     store = open_store(db_url)
     try:
+        sweeps = store.sweeps()
+        row = sweeps.filter(sweeps["name"] == plan.name)
+        if row.height and not resume:
+            raise SweepError(
+                f"sweep {plan.name!r} already exists in {store.safe_url}; continue it with "
+                f"qkgeom sweep --resume --name {plan.name} (or pick another --name: "
+                "rerunning into it would mix the old and new runs' probes)")
+        if row.height and json.loads(row["spec"][0]) != json.loads(json.dumps(plan.spec)):
+            raise SweepError(
+                f"sweep {plan.name!r} in {store.safe_url} was started with a different spec; "
+                f"resume it as stored with qkgeom sweep --resume --name {plan.name} (no "
+                "--preset/--spec/--set), or start a new --name")
         sid = store.ensure_sweep(plan.name, plan.spec, code_version())
         n_int = store.mark_running_interrupted(sid) if resume else 0
         for t in plan.trials:

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -200,3 +201,27 @@ def test_baseline_fraction_arm_runs_after_its_baseline(scratch, wikitext_dir):  
     assert cfg["baseline_pr"] == [[s, [v]] for s, _, v in base.iter_rows()]
     assert trials["d1-gaussian-shrink-s0"]["status"] == "terminated"
     assert (scratch / "ray" / "qkgeom-bfrac-arms").is_dir()
+
+
+def test_existing_sweep_in_database_is_not_rerun_or_respecified(tmp_path):
+    # Ray storage can be fresh (another machine, another --storage) while the database
+    # already holds the sweep: a second start must not mix two runs' probes into its trials
+    from qkgeom.store import open_store
+    from qkgeom.sweep import plan_from
+    from qkgeom.tune import SweepError, prepare_db
+
+    url = "sqlite:///" + str(tmp_path / "s.db")
+    plan = plan_from("smoke", None, name="twice", data=None, sets=())
+    prepare_db(plan, url, resume=False, threads=1)
+    with pytest.raises(SweepError, match="--resume --name twice"):
+        prepare_db(plan, url, resume=False, threads=1)
+    other = plan_from("smoke", None, name="twice", data=None, sets=("max_steps=20",))
+    with pytest.raises(SweepError, match="different spec"):
+        prepare_db(other, url, resume=True, threads=1)
+    prepare_db(plan, url, resume=True, threads=1)  # the same spec resumes
+    store = open_store(url)
+    try:
+        spec = store.sweeps().filter(store.sweeps()["name"] == "twice")["spec"][0]
+        assert json.loads(spec) == json.loads(json.dumps(plan.spec))  # stored spec untouched
+    finally:
+        store.close()
