@@ -190,3 +190,13 @@ def test_cli_train_records_into_database(wikitext_dir, tmp_path):
     assert n == 3 * per_probe
     ck = st.sql("select step from checkpoints order by step")["step"].to_list()
     assert ck == [0, 20, 40]
+    st.close()
+    # a different config under the same trial key would mix two runs' probes: refused,
+    # and nothing stored changes
+    r = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "c"), "--set", "max_steps=20",
+                                  "--set", "probe_every=10"])
+    assert r.exit_code != 0 and "different config" in r.output and "Traceback" not in r.output
+    st = open_store(db)
+    assert st.sql("select count(*) from probe_metrics").item() == n
+    assert st.sql("select status, attempts from trials").rows() == [("terminated", 2)]
+    st.close()

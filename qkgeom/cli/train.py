@@ -134,12 +134,32 @@ class Recorder:
             url = resolve_url(db)
             self.url_shown = safe_url(url)
             self.store = open_store(url)
+            self._check_existing(sweep_name, cfg)
             sid = self.store.ensure_sweep(sweep_name, {"kind": "train"}, __version__)
             self.trial_id = self.store.ensure_trial(
                 sid, self.trial_key, cfg.to_dict(), depth=cfg.n_layer, init=cfg.init,
                 arm=cfg.arm, seed=cfg.seed, status="running",
             )
             self.store.set_trial_status(self.trial_id, "running", bump_attempts=True)
+
+    def _check_existing(self, sweep_name: str, cfg) -> None:
+        """Refuse to write into a sweep made by ``qkgeom sweep``, or into a stored trial
+        whose config differs: either would mix two runs' probes under one trial."""
+        from qkgeom.errors import QkgeomError
+
+        sweeps = self.store.sweeps()
+        row = sweeps.filter(sweeps["name"] == sweep_name)
+        if row.height == 0:
+            return
+        if json.loads(row["spec"][0]) != {"kind": "train"}:
+            raise QkgeomError(f"sweep {sweep_name!r} in {self.url_shown} was made by qkgeom "
+                              "sweep; record this run under another --name")
+        tid = self.store.trial_id(int(row["id"][0]), self.trial_key)
+        if tid is not None and self.store.get_trial(tid).config != json.loads(
+                json.dumps(cfg.to_dict())):
+            raise QkgeomError(f"trial {self.trial_key!r} of sweep {sweep_name!r} in "
+                              f"{self.url_shown} was recorded with a different config; "
+                              "record this run under another --name")
 
     def __call__(self, record, checkpoint) -> None:
         self.fh.write(json.dumps(record.to_dict(), allow_nan=True) + "\n")
