@@ -459,14 +459,13 @@ def prepare_db(plan: SweepPlan, db_url: str, *, resume: bool, threads: int) -> t
 
     store = open_store(db_url)
     try:
-        sweeps = store.sweeps()
-        row = sweeps.filter(sweeps["name"] == plan.name)
-        if row.height and not resume:
+        stored = store.sweep_spec(plan.name)
+        if stored is not None and not resume:
             raise SweepError(
                 f"sweep {plan.name!r} already exists in {store.safe_url}; continue it with "
                 f"qkgeom sweep --resume --name {plan.name} (or pick another --name: "
                 "rerunning into it would mix the old and new runs' probes)")
-        if row.height and json.loads(row["spec"][0]) != json.loads(json.dumps(plan.spec)):
+        if stored is not None and stored != json.loads(json.dumps(plan.spec)):
             raise SweepError(
                 f"sweep {plan.name!r} in {store.safe_url} was started with a different spec; "
                 f"resume it as stored with qkgeom sweep --resume --name {plan.name} (no "

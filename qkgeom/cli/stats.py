@@ -277,11 +277,10 @@ def correlate_cmd(db: str | None, sweep: str | None, include_unfinished: bool, x
         return
     click.echo(f"Spearman of {y} vs {x}: sweep {name}, one point per (trial, probe, layer)"
                f"{'' if arm is None else f', arm {arm}'}")
-    keys = ("n_clusters", "n", "rho", "ci_low", "ci_high")
-    rows = [{"depth": "all", **{k: d[k] for k in keys}}]
-    rows += [{"depth": str(r["depth"]), **{k: r[k] for k in keys}} for r in d["by_depth"]]
-    click.echo(table([{("trials" if k == "n_clusters" else k): v for k, v in r.items()}
-                      for r in rows]))
+    parts = [("all", d)] + [(str(r["depth"]), r) for r in d["by_depth"]]
+    click.echo(table([{"depth": depth, "trials": r["n_clusters"],
+                       **{k: r[k] for k in ("n", "rho", "ci_low", "ci_high")}}
+                      for depth, r in parts]))
     click.echo(f"(95% percentile CI of a cluster bootstrap over trials: whole trials drawn "
                f"with replacement, B = {boot}, seed {seed}; nan below 3 trials)")
 

@@ -147,14 +147,13 @@ class Recorder:
         whose config differs: either would mix two runs' probes under one trial."""
         from qkgeom.errors import QkgeomError
 
-        sweeps = self.store.sweeps()
-        row = sweeps.filter(sweeps["name"] == sweep_name)
-        if row.height == 0:
+        stored = self.store.sweep_spec(sweep_name)
+        if stored is None:
             return
-        if json.loads(row["spec"][0]) != {"kind": "train"}:
+        if stored != {"kind": "train"}:
             raise QkgeomError(f"sweep {sweep_name!r} in {self.url_shown} was made by qkgeom "
                               "sweep; record this run under another --name")
-        tid = self.store.trial_id(int(row["id"][0]), self.trial_key)
+        tid = self.store.trial_id(self.store.sweep_id(sweep_name), self.trial_key)
         if tid is not None and self.store.get_trial(tid).config != json.loads(
                 json.dumps(cfg.to_dict())):
             raise QkgeomError(f"trial {self.trial_key!r} of sweep {sweep_name!r} in "

@@ -512,6 +512,17 @@ class Store:
             v = conn.execute(select(s.c.id).where(s.c.name == name)).scalar()
         return None if v is None else int(v)
 
+    def sweep_spec(self, name: str) -> dict | None:
+        """The stored spec of sweep ``name`` (as JSON data), or None if there is none."""
+        from sqlalchemy import select
+
+        s = Sweep.__table__
+        with self._read() as conn:
+            row = conn.execute(select(s.c.spec).where(s.c.name == name)).first()
+        if row is None:
+            return None
+        return json.loads(row[0]) if isinstance(row[0], str) else row[0]
+
     def require_sweep(self, name: str) -> int:
         """The id of sweep ``name``; a QkgeomError listing the existing sweeps otherwise."""
         sid = self.sweep_id(name)
