@@ -24,6 +24,7 @@ must yield trials)::
       seeds: 3
       arm_overrides:               # optional per-arm TrialConfig overrides
         shrink: {shrink_to: 0.25}
+    snapshots: all                 # weight snapshots kept: all | none | every:N (default all)
 
 Trial keys are deterministic: ``d{depth}-{init}-{arm}-s{seed}``, e.g. ``d4-gaussian-none-s0``.
 An arm whose config uses ``target_mode: baseline_fraction`` needs its paired baseline's
@@ -46,7 +47,9 @@ from qkgeom.config import check_keys as _config_check_keys
 
 # Set per trial by the spec itself; a trial-level override of these would be silently lost.
 GRID_KEYS = ("n_layer", "init", "arm", "seed")
-SPEC_KEYS = ["name", "trial", "grid", "interventions"]
+SPEC_KEYS = ["name", "trial", "grid", "interventions", "snapshots"]
+SNAPSHOT_POLICIES = "all | none | every:N"
+DEFAULT_SNAPSHOTS = "all"  # every preset: see docs/sweeps.md for the paper sweep's disk cost
 TRIAL_KEYS = ["preset", "overrides"]
 GRID_SECTION_KEYS = ["depths", "inits", "seeds"]
 INTERVENTION_KEYS = ["depth", "init", "arms", "seeds", "arm_overrides"]
@@ -124,6 +127,7 @@ class SweepPlan:
     name: str
     spec: dict[str, Any]  # the normalised spec (stored in the database)
     trials: list[TrialSpec] = field(default_factory=list)
+    snapshots: str = DEFAULT_SNAPSHOTS  # weight snapshots kept (see snapshot_every)
 
     def by_key(self) -> dict[str, TrialSpec]:
         return {t.key: t for t in self.trials}
@@ -133,6 +137,39 @@ class SweepPlan:
         c = self.by_key()[key].config
         steps = set(range(0, c["max_steps"] + 1, c["probe_every"])) | {c["max_steps"]}
         return len(steps)
+
+
+def snapshot_every(policy: str) -> int | None:
+    """The ``train(snapshot_every=...)`` of a snapshot policy: None for ``none``, 0 for
+    ``all`` (every probe step), N for ``every:N`` (probe steps that are multiples of N,
+    and the last step)."""
+    p = str(policy).strip()
+    if p == "all":
+        return 0
+    if p == "none":
+        return None
+    if p.startswith("every:"):
+        try:
+            n = int(p[len("every:"):])
+        except ValueError:
+            n = 0
+        if n > 0:
+            return n
+    raise SpecError(f"snapshots: {policy!r} is not a snapshot policy; use {SNAPSHOT_POLICIES} "
+                    "(N: a positive step count, a multiple of probe_every)")
+
+
+def _check_snapshots(policy: Any, trials: list[TrialSpec]) -> str:
+    if not isinstance(policy, str):
+        raise SpecError(f"snapshots: expected {SNAPSHOT_POLICIES}, got {policy!r}")
+    n = snapshot_every(policy)
+    for t in trials:
+        pe = t.config["probe_every"]
+        if n and n % pe:
+            raise SpecError(f"snapshots: every:{n} is not a multiple of probe_every={pe} "
+                            f"(trial {t.key}); snapshots are taken at probe steps, e.g. "
+                            f"every:{pe * max(1, round(n / pe))}")
+    return policy.strip()
 
 
 def trial_key(depth: int, init: str, arm: str, seed: int) -> str:
@@ -259,11 +296,15 @@ def _config(base: dict[str, Any], overrides: dict[str, Any], where: str,
 
 
 def build_plan(spec: dict[str, Any], *, name: str | None = None, data: str | None = None,
-               sets: list[str] | tuple[str, ...] = ()) -> SweepPlan:
-    """Validate a raw spec (after ``--set`` and ``--data``) and expand it into trials."""
+               sets: list[str] | tuple[str, ...] = (),
+               snapshots: str | None = None) -> SweepPlan:
+    """Validate a raw spec (after ``--set``, ``--data`` and ``--snapshots``) and expand it
+    into trials."""
     if not isinstance(spec, dict):
         raise SpecError("spec: expected a mapping")
     spec = apply_sets(spec, sets)
+    if snapshots is not None:  # kept in the stored spec, like --data
+        spec["snapshots"] = snapshots
     check_keys(spec, SPEC_KEYS, what="spec key")
     trial = _section(spec, "trial", TRIAL_KEYS) or {}
     base_name = trial.get("preset", "smoke")
@@ -358,14 +399,17 @@ def build_plan(spec: dict[str, Any], *, name: str | None = None, data: str | Non
     if not isinstance(sweep_name, str) or not sweep_name.replace("-", "").replace(
             "_", "").replace(".", "").isalnum():
         raise SpecError(f"name: {sweep_name!r} must be letters, digits, '-', '_' or '.'")
+    all_trials = list(trials.values()) + arm_trials
+    policy = _check_snapshots(spec.get("snapshots", DEFAULT_SNAPSHOTS), all_trials)
     normalised = json.loads(json.dumps(spec))  # plain JSON types for the database
     normalised["name"] = sweep_name
-    return SweepPlan(sweep_name, normalised, list(trials.values()) + arm_trials)
+    return SweepPlan(sweep_name, normalised, all_trials, snapshots=policy)
 
 
 def plan_from(preset: str | None = None, spec_file: str | Path | None = None, *,
               name: str | None = None, data: str | None = None,
-              sets: list[str] | tuple[str, ...] = ()) -> SweepPlan:
+              sets: list[str] | tuple[str, ...] = (),
+              snapshots: str | None = None) -> SweepPlan:
     """The CLI entry: a sweep preset or a spec file (not both), then ``--set``/``--data``."""
     if preset is not None and spec_file is not None:
         raise SpecError("give either --preset or --spec, not both")
@@ -377,7 +421,7 @@ def plan_from(preset: str | None = None, spec_file: str | Path | None = None, *,
             raise SpecError(f"unknown sweep preset {preset!r}; choose from "
                             f"{', '.join(SWEEP_PRESETS)}")
         spec = copy.deepcopy(SWEEP_PRESETS[preset])
-    return build_plan(spec, name=name, data=data, sets=sets)
+    return build_plan(spec, name=name, data=data, sets=sets, snapshots=snapshots)
 
 
 def fill_baseline_pr(config: dict[str, Any], pr_rows: list[tuple[int, int, float]]

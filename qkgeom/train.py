@@ -5,7 +5,9 @@
 :class:`~qkgeom.records.ProbeRecord` and ``checkpoint`` the directory of a checkpoint
 written at that step (or ``None``). A checkpoint holds the model, optimizer, data-sampler,
 rng and intervention state, so ``train(cfg, report, resume_from=dir)`` continues with
-exactly the numbers an uninterrupted run would produce.
+exactly the numbers an uninterrupted run would produce. A *weight snapshot*
+(``snapshot_dir``) is smaller: the model weights, config and vocabulary at a probe step,
+all that measuring the model later needs, and nothing a resume needs.
 """
 
 from __future__ import annotations
@@ -135,6 +137,28 @@ class Trial:
         tmp.replace(d / STATE_FILE)  # atomic: a crash never leaves half a checkpoint
         return str(d)
 
+    def save_weights(self, directory: str | Path) -> str:
+        """A weight snapshot: model weights, config and vocabulary (no optimizer state).
+
+        The same ``state.pt`` layout as :meth:`save`, so whatever reads a checkpoint's
+        model (``qkgeom probe-pretrained --checkpoints``) reads a snapshot too.
+        """
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        state = {
+            "kind": "snapshot",
+            "config": self.cfg.to_dict(),
+            "corpus_key": self.corpus.key,
+            "chars": self.corpus.chars,
+            "model": self.model.state_dict(),
+            "step": self.step,
+            "tokens": self.tokens,
+        }
+        tmp = d / (STATE_FILE + ".tmp")
+        torch.save(state, tmp)
+        tmp.replace(d / STATE_FILE)
+        return str(d)
+
     def load(self, directory: str | Path) -> None:
         path = Path(directory) / STATE_FILE
         state = torch.load(path, map_location=self.device, weights_only=False)
@@ -210,6 +234,8 @@ def train(
     *,
     checkpoint_dir: str | Path | None = None,
     resume_from: str | Path | None = None,
+    snapshot_dir: str | Path | None = None,
+    snapshot_every: int = 0,
     progress: Progress | None = None,
     corpus: Corpus | None = None,
 ) -> TrialResult:
@@ -218,6 +244,9 @@ def train(
     ``checkpoint_dir``: where to write ``step_NNNNNNN/`` checkpoints (at probe steps that
     are multiples of ``cfg.checkpoint_every``, or every probe when it is 0); ``None``
     writes none. ``resume_from``: a checkpoint directory to continue from.
+    ``snapshot_dir``: where to write ``step_NNNNNNN/`` weight snapshots, before ``report``
+    sees the step: at probe steps that are multiples of ``snapshot_every`` (every probe
+    when it is 0) and at the last step.
     ``progress(step, info)`` is called after every step with loss/throughput for displays.
     """
     t_start = time.perf_counter()
@@ -230,6 +259,9 @@ def train(
         due = cfg.checkpoint_every == 0 or rec.step % cfg.checkpoint_every == 0
         if checkpoint_dir is not None and (due or rec.step == cfg.max_steps):
             ckpt = tr.save(Path(checkpoint_dir) / f"step_{rec.step:07d}")
+        snap_due = snapshot_every == 0 or rec.step % snapshot_every == 0
+        if snapshot_dir is not None and (snap_due or rec.step == cfg.max_steps):
+            tr.save_weights(Path(snapshot_dir) / f"step_{rec.step:07d}")
         if report is not None:
             report(rec, ckpt)
 

@@ -46,6 +46,9 @@ Double = Float(precision=53).with_variant(DOUBLE_PRECISION(), "postgresql")
 Stamp = DateTime(timezone=True)
 
 STATUSES = ("pending", "running", "error", "interrupted", "terminated")
+# resume: Tune's full training state (pruned as training moves on); snapshot: the weights
+# at a probe step (kept per the sweep's snapshot policy)
+CHECKPOINT_KINDS = ("resume", "snapshot")
 TERMINAL = ("error", "interrupted", "terminated")
 
 
@@ -158,13 +161,20 @@ class TrainStep(Base):
 
 
 class Checkpoint(Base):
-    """Where a trial's checkpoint at one step lives (a path or URI)."""
+    """Where a trial's saved state of one kind at one step lives (a path or URI).
+
+    A row exists only while its location does: pruning a resume checkpoint deletes its row.
+    """
 
     __tablename__ = "checkpoints"
+    __table_args__ = (
+        CheckConstraint("kind IN ('resume', 'snapshot')", name="ck_checkpoints_kind"),
+    )
 
     trial_id: Mapped[int] = mapped_column(
         ForeignKey("trials.id", ondelete="CASCADE"), primary_key=True
     )
+    kind: Mapped[str] = mapped_column(String(20), primary_key=True, server_default="resume")
     step: Mapped[int] = mapped_column(Integer, primary_key=True)
     location: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(Stamp)

@@ -31,6 +31,7 @@ from qkgeom.store.engine import (
     sqlite_path,
 )
 from qkgeom.store.models import (
+    CHECKPOINT_KINDS,
     STATUSES,
     TERMINAL,
     Checkpoint,
@@ -421,13 +422,30 @@ class Store:
                     list(rows.values()),
                 )
 
-    def add_checkpoint(self, trial_id: int, step: int, location: str) -> None:
+    def add_checkpoint(self, trial_id: int, step: int, location: str,
+                       kind: str = "resume") -> None:
+        """Record saved state of ``kind`` (resume | snapshot) at ``step`` (replaces one)."""
+        _check_kind(kind)
         with self._write() as conn:
             conn.execute(
-                self._upsert(Checkpoint, ["trial_id", "step"], ["location", "created_at"]),
-                [dict(trial_id=trial_id, step=int(step), location=str(location),
+                self._upsert(Checkpoint, ["trial_id", "kind", "step"],
+                             ["location", "created_at"]),
+                [dict(trial_id=trial_id, kind=kind, step=int(step), location=str(location),
                       created_at=_now())],
             )
+
+    def delete_checkpoint(self, trial_id: int, step: int, kind: str = "resume",
+                          location: str | None = None) -> int:
+        """Forget the ``kind`` row at ``step`` (only if it still names ``location``, when
+        given: a newer save of the same step keeps its row). Returns rows deleted."""
+        _check_kind(kind)
+        c = Checkpoint.__table__
+        stmt = c.delete().where(c.c.trial_id == trial_id, c.c.kind == kind,
+                                c.c.step == int(step))
+        if location is not None:
+            stmt = stmt.where(c.c.location == str(location))
+        with self._write() as conn:
+            return int(conn.execute(stmt).rowcount or 0)
 
     def write_pretrained(self, model: str, revision: str, step: int | None, meta: dict,
                          rows: Sequence[tuple[int, int | None, str, float]]) -> int:
@@ -745,6 +763,12 @@ def _step_row(trial_id: int, h: StepRecord) -> dict:
 def _check_status(status: str) -> None:
     if status not in STATUSES:
         raise QkgeomError(f"unknown trial status {status!r}; choose from {', '.join(STATUSES)}")
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in CHECKPOINT_KINDS:
+        raise QkgeomError(f"unknown checkpoint kind {kind!r}; choose from "
+                          f"{', '.join(CHECKPOINT_KINDS)}")
 
 
 def _is_readonly_error(msg: str) -> bool:
