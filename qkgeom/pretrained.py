@@ -652,29 +652,92 @@ def revision_step(revision: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def checkpoint_dirs(root: str | Path) -> list[tuple[int, Path]]:
-    """``(step, dir)`` of qkgeom checkpoints under ``root`` (or ``root`` itself), by step."""
+def _is_uri(loc: str | Path) -> bool:
+    return isinstance(loc, str) and "://" in loc
+
+
+def _fs(uri: str) -> tuple[Any, str]:
+    import pyarrow.fs as pafs
+
+    try:
+        return pafs.FileSystem.from_uri(uri)
+    except Exception as e:  # unknown scheme, missing credentials, bad bucket name
+        raise PretrainedError(f"cannot open {uri}: {str(e).strip().splitlines()[0]}") from None
+
+
+def _state_exists(loc: str | Path) -> bool:
+    """Whether a checkpoint/snapshot directory (path or URI) holds a ``state.pt``."""
     from qkgeom.train import STATE_FILE
 
+    if not _is_uri(loc):
+        return (Path(loc) / STATE_FILE).is_file()
+    import pyarrow.fs as pafs
+
+    fs, path = _fs(str(loc))
+    try:
+        return fs.get_file_info(f"{path.rstrip('/')}/{STATE_FILE}").type == pafs.FileType.File
+    except OSError:
+        return False
+
+
+def checkpoint_dirs(root: str | Path) -> list[tuple[int, Path | str]]:
+    """``(step, dir)`` of qkgeom checkpoints under ``root`` (or ``root`` itself), by step.
+
+    ``root`` may be a URI (``s3://...``, ``gs://...``, ``file://...``): the directories are
+    then listed through its ``pyarrow.fs`` filesystem and returned as URIs.
+    """
+    from qkgeom.train import STATE_FILE
+
+    if _is_uri(root):
+        import pyarrow.fs as pafs
+
+        uri = str(root).rstrip("/")
+        if _state_exists(uri):
+            step = revision_step(uri.rsplit("/", 1)[-1])
+            return [(step if step is not None else -1, uri)]
+        fs, path = _fs(uri)
+        try:
+            infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+        except OSError as e:
+            raise PretrainedError(f"cannot list {uri}: {e}") from None
+        found: list[tuple[int, Path | str]] = []
+        for info in infos:
+            st = revision_step(info.base_name)
+            if info.type == pafs.FileType.Directory and st is not None \
+                    and _state_exists(f"{uri}/{info.base_name}"):
+                found.append((st, f"{uri}/{info.base_name}"))
+        return sorted(found, key=lambda x: x[0])
     root = Path(root).expanduser()
     if (root / STATE_FILE).is_file():
         step = revision_step(root.name)
         return [(step if step is not None else -1, root)]
-    out = []
+    out: list[tuple[int, Path | str]] = []
     if root.is_dir():
         for d in root.iterdir():
             st = revision_step(d.name)
             if d.is_dir() and st is not None and (d / STATE_FILE).is_file():
                 out.append((st, d))
-    return sorted(out)
+    return sorted(out, key=lambda x: x[0])
 
 
-def resolve_checkpoints(spec: str, store: Any | None) -> tuple[str, list[tuple[int, Path]]]:
-    """``(model id, [(step, dir)])`` for ``--checkpoints``: a directory or ``SWEEP/TRIAL_KEY``.
+def resolve_checkpoints(spec: str, store: Any | None,
+                        note: Callable[[str], None] | None = None
+                        ) -> tuple[str, list[tuple[int, Path | str]]]:
+    """``(model id, [(step, location)])`` for ``--checkpoints``: a directory (path or URI)
+    or ``SWEEP/TRIAL_KEY``.
 
     A directory gives model id ``qkgeom:<dir>``; a sweep/trial (looked up in the database's
-    ``checkpoints`` table) gives ``qkgeom:SWEEP/TRIAL_KEY``.
+    ``checkpoints`` table) gives ``qkgeom:SWEEP/TRIAL_KEY``: per step its weight snapshot,
+    else a resume checkpoint of that step while one still exists. Locations that are URIs
+    are read through their ``pyarrow.fs`` filesystem (S3, GCS, ``file://``). A recorded
+    snapshot that cannot be found is an error; resume rows a pre-0003 sweep left behind
+    after pruning are skipped (told through ``note``).
     """
+    if _is_uri(spec):
+        found = checkpoint_dirs(spec)
+        if not found:
+            raise PretrainedError(f"no qkgeom checkpoints (step_N/state.pt) under {spec}")
+        return f"qkgeom:{spec.rstrip('/')}", found
     p = Path(spec).expanduser()
     if p.is_dir():
         found = checkpoint_dirs(p)
@@ -687,32 +750,69 @@ def resolve_checkpoints(spec: str, store: Any | None) -> tuple[str, list[tuple[i
         raise PretrainedError("--checkpoints SWEEP/TRIAL_KEY needs the results database (--db)")
     sweep, key = spec.split("/", 1)
     df = store.sql(
-        "SELECT c.step AS step, c.location AS location FROM checkpoints c "
+        "SELECT c.step AS step, c.kind AS kind, c.location AS location FROM checkpoints c "
         "JOIN trials t ON t.id = c.trial_id JOIN sweeps s ON s.id = t.sweep_id "
         "WHERE s.name = :sweep AND t.trial_key = :key ORDER BY c.step",
         {"sweep": sweep, "key": key})
     if df.height == 0:
         raise PretrainedError(f"no checkpoints recorded for trial {key!r} of sweep {sweep!r}; "
                               "list trials with `qkgeom status --name SWEEP` or pass a checkpoint directory")
-    found = [(int(s), Path(loc)) for s, loc in zip(df["step"].to_list(), df["location"].to_list())]
-    missing = [str(d) for _, d in found if not d.exists()]
-    if missing:
+    by_step: dict[int, list[tuple[str, str]]] = {}
+    for st, kind, loc in df.iter_rows():
+        by_step.setdefault(int(st), []).append((kind, loc))
+    found: list[tuple[int, Path | str]] = []
+    missing: list[str] = []
+    pruned: list[int] = []
+    for st in sorted(by_step):
+        rows = sorted(by_step[st], key=lambda r: r[0] != "snapshot")  # snapshot first
+        hit = next((loc for _, loc in rows if _state_exists(loc)), None)
+        if hit is not None:
+            found.append((st, hit if _is_uri(hit) else Path(hit)))
+        elif any(kind == "snapshot" for kind, _ in rows):
+            missing += [loc for kind, loc in rows if kind == "snapshot"]
+        else:
+            pruned.append(st)
+    if missing or not found:
+        shown = missing or [loc for rows in by_step.values() for _, loc in rows]
         raise PretrainedError(f"checkpoint directories not found on this machine: "
-                              f"{', '.join(missing[:3])}; copy them here or pass a directory")
+                              f"{', '.join(shown[:3])}"
+                              f"{f' (and {len(shown) - 3} more)' if len(shown) > 3 else ''}; "
+                              "copy them here (same paths) or pass a directory")
+    if pruned and note is not None:
+        note(f"{spec}: steps {', '.join(map(str, pruned))} have only resume checkpoints that "
+             "were pruned (a sweep from before snapshots were kept); measuring the "
+             f"{len(found)} other step(s)")
     return f"qkgeom:{spec}", found
 
 
-def load_checkpoint(directory: str | Path, device: str = "cpu") -> tuple[Any, list[str], dict]:
-    """``(GPT in eval mode, chars, config dict)`` from a qkgeom checkpoint directory."""
-    from qkgeom.config import TrialConfig
-    from qkgeom.model import GPT
+def _read_state(directory: str | Path, device: str) -> dict:
+    import io
+
     from qkgeom.train import STATE_FILE
 
+    if _is_uri(directory):
+        fs, path = _fs(str(directory))
+        where = f"{str(directory).rstrip('/')}/{STATE_FILE}"
+        try:
+            with fs.open_input_file(f"{path.rstrip('/')}/{STATE_FILE}") as f:
+                data = f.read()
+            return torch.load(io.BytesIO(data), map_location=device, weights_only=False)
+        except (OSError, RuntimeError) as e:
+            raise PretrainedError(f"cannot read checkpoint {where}: {e}") from None
     path = Path(directory) / STATE_FILE
     try:
-        state = torch.load(path, map_location=device, weights_only=False)
+        return torch.load(path, map_location=device, weights_only=False)
     except (OSError, RuntimeError) as e:
         raise PretrainedError(f"cannot read checkpoint {path}: {e}") from None
+
+
+def load_checkpoint(directory: str | Path, device: str = "cpu") -> tuple[Any, list[str], dict]:
+    """``(GPT in eval mode, chars, config dict)`` from a qkgeom checkpoint or weight snapshot
+    directory (a path, or a URI read through ``pyarrow.fs``)."""
+    from qkgeom.config import TrialConfig
+    from qkgeom.model import GPT
+
+    state = _read_state(directory, device)
     cfg = TrialConfig.from_dict(state["config"])
     model = GPT(cfg, len(state["chars"]) + 1)
     model.load_state_dict(state["model"])
@@ -824,9 +924,10 @@ def probe_checkpoints(spec: str, *, store: Any | None, text_path: str | Path | N
                       chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
                       erank_seqs: int = DEFAULT_ERANK_SEQS, name: str | None = None,
                       device: str = "cpu",
-                      progress: Callable[[str], Progress] | None = None) -> list[Stored]:
+                      progress: Callable[[str], Progress] | None = None,
+                      note: Callable[[str], None] | None = None) -> list[Stored]:
     """Measure every checkpoint of a qkgeom trial; each is stored as revision ``step_N``."""
-    model_id, found = resolve_checkpoints(spec, store)
+    model_id, found = resolve_checkpoints(spec, store, note)
     name = name or model_id
     text, tpath = read_text(text_path)
     out = []

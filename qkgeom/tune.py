@@ -5,6 +5,13 @@ through ``tune.report`` with a ``tune.Checkpoint``; a failed trial restarts from
 checkpoint (``FailureConfig.max_failures``) and ``train(resume_from=...)`` continues with
 exactly the numbers an uninterrupted run produces.
 
+Two kinds of saved state, both in the trial's Tune storage and in the ``checkpoints``
+table: *resume* checkpoints (Tune's, full training state; :class:`DbWriter` prunes
+superseded ones and deletes their rows in the same callback) and weight *snapshots* at
+probe steps (``<trial dir>/snapshots/step_NNNNNNN``, written by the worker through the
+storage's ``pyarrow.fs`` filesystem before the step is reported; kept per the sweep's
+``snapshots`` policy and never pruned).
+
 Results reach the database through :class:`DbWriter`, a driver-side Tune callback that is
 the single writer (safe for SQLite): probe rows and the trial lifecycle (pending ->
 running -> error | terminated, attempts, host, device, checkpoints). With
@@ -28,6 +35,7 @@ import json
 import logging
 import math
 import os
+import posixpath
 import shutil
 import socket
 import sys
@@ -91,8 +99,43 @@ def _corpus(dataset: str) -> Any:
     return _CORPORA[dataset]
 
 
+def storage_location(fs: Any, fs_path: str, storage_fs_path: str | None,
+                     root: str | None) -> str:
+    """Where ``fs_path`` on a Tune storage filesystem lives, as the database records it.
+
+    A URI under ``root`` when the sweep's storage was given as one (``s3://b/x``,
+    ``file:///x``), else a plain path on a local filesystem, else ``scheme://path``.
+    ``pyarrow.fs.FileSystem.from_uri`` reads every form back.
+    """
+    if root and "://" in root and storage_fs_path:
+        base, _, query = root.partition("?")
+        rel = posixpath.relpath(fs_path, storage_fs_path)
+        if not rel.startswith(".."):
+            return base.rstrip("/") + "/" + rel + (f"?{query}" if query else "")
+    kind = getattr(fs, "type_name", "local")
+    if kind == "local":
+        return fs_path
+    scheme = {"s3": "s3", "gcs": "gs", "hdfs": "hdfs"}.get(kind, kind)
+    return f"{scheme}://{fs_path}"
+
+
+def _upload_snapshot(local: Path, step: int, root: str | None) -> str:
+    """Copy a local weight snapshot to ``<trial dir>/snapshots/step_NNNNNNN`` in Tune's
+    storage (S3/GCS/NFS/local, as the sweep's ``--storage``); returns its location."""
+    import pyarrow.fs as pafs
+
+    storage = tune.get_context().get_storage()
+    fs = storage.storage_filesystem
+    dest = f"{storage.trial_fs_path}/snapshots/step_{step:07d}"
+    fs.create_dir(dest)
+    # no threads: pyarrow's threaded upload to S3 is unsafe (arrow issue 32372)
+    pafs.copy_files(str(local), dest, source_filesystem=pafs.LocalFileSystem(),
+                    destination_filesystem=fs, use_threads=False)
+    return storage_location(fs, dest, storage.storage_fs_path, root)
+
+
 def trainable(config: dict[str, Any], db_url: str | None = None,
-              finished: frozenset = frozenset()) -> None:
+              finished: frozenset = frozenset(), storage_root: str | None = None) -> None:
     """Tune function trainable: one qkgeom trial (``config["trial"]`` is a TrialSpec dict).
 
     ``db_url`` (worker-direct writes only) arrives through ``tune.with_parameters``, i.e.
@@ -100,9 +143,12 @@ def trainable(config: dict[str, Any], db_url: str | None = None,
     ``finished``: trial keys the database already has as terminated. On resume, Tune's
     experiment snapshot (taken every few seconds) may be older than the database and
     still list such a trial as running; it returns at once instead of training again.
+    ``storage_root``: the sweep's ``--storage`` as given (a snapshot's recorded location is
+    a URI under it when it is one).
     """
     from qkgeom.config import TrialConfig
     from qkgeom.records import ProbeRecord
+    from qkgeom.sweep import snapshot_every
     from qkgeom.train import train
 
     spec = TrialSpec.from_dict(config["trial"])
@@ -124,10 +170,18 @@ def trainable(config: dict[str, Any], db_url: str | None = None,
         trial_id = direct.trial_id(direct.require_sweep(config["sweep"]), spec.key)
 
     scratch = Path(tempfile.mkdtemp(prefix="qkgeom-ckpt-"))
+    every = snapshot_every(config.get("snapshots", "all"))
+    snaps = dict(snapshot_dir=scratch / "snapshots", snapshot_every=every) \
+        if every is not None else {}
 
     def report(rec: ProbeRecord, ckpt: str | None) -> None:
         metrics = {"step": rec.step, "max_steps": cfg.max_steps, "val_loss": rec.val_loss,
                    "train_loss": rec.train_loss, "tokens_per_s": rec.tokens_per_s, **where}
+        snap = scratch / "snapshots" / f"step_{rec.step:07d}"
+        metrics["snapshot"] = ""
+        if snap.is_dir():  # in storage before the driver records it
+            metrics["snapshot"] = _upload_snapshot(snap, rec.step, storage_root)
+            shutil.rmtree(snap, ignore_errors=True)
         if direct is not None:
             direct.write_probe(trial_id, rec)
             metrics["record"] = ""
@@ -142,10 +196,11 @@ def trainable(config: dict[str, Any], db_url: str | None = None,
     try:
         ckpt = tune.get_checkpoint()
         if ckpt is None:
-            train(cfg, report, checkpoint_dir=scratch, corpus=corpus)
+            train(cfg, report, checkpoint_dir=scratch, corpus=corpus, **snaps)
         else:
             with ckpt.as_directory() as d:
-                train(cfg, report, checkpoint_dir=scratch, resume_from=d, corpus=corpus)
+                train(cfg, report, checkpoint_dir=scratch, resume_from=d, corpus=corpus,
+                      **snaps)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         if direct is not None:
@@ -175,7 +230,11 @@ def _error_text(trial: Any) -> str:
 
 
 class DbWriter(Callback):
-    """The single database writer, in the driver. Holds no engine when pickled."""
+    """The single database writer, in the driver. Holds no engine when pickled.
+
+    ``keep_recent_s``: the prune age (seconds) of superseded resume checkpoints, see
+    :meth:`_prune`.
+    """
 
     def __init__(self, sweep: str, direct_writes: bool = False, keep_last: int = 2,
                  keep_recent_s: float = 60.0) -> None:
@@ -186,7 +245,8 @@ class DbWriter(Callback):
         self._store: Any = None
         self._ids: dict[str, int] = {}
         self._seen: set[str] = set()  # trials whose current attempt has reported
-        self._ckpts: dict[str, list] = {}  # trial id -> [(time registered, Checkpoint)]
+        # trial id -> [(time registered, step, location, Checkpoint)]
+        self._ckpts: dict[str, list] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         d = self.__dict__.copy()
@@ -235,34 +295,49 @@ class DbWriter(Callback):
         rec = result.get("record")
         if rec:
             self.store.write_probe(tid, ProbeRecord.from_dict(json.loads(rec)))
+        if result.get("snapshot") and result.get("step") is not None:
+            self.store.add_checkpoint(tid, int(result["step"]), result["snapshot"],
+                                      kind="snapshot")
 
     def on_checkpoint(self, iteration: int, trials: list, trial: Any, checkpoint: Any,
                       **info: Any) -> None:
         step = (trial.last_result or {}).get("step")
+        storage = getattr(trial, "storage", None)
+        loc = storage_location(checkpoint.filesystem, str(checkpoint.path),
+                               getattr(storage, "storage_fs_path", None),
+                               _DRIVER.get("storage"))
+        tid = self._tid(trial)
         if step is not None:
-            self.store.add_checkpoint(self._tid(trial), int(step), str(checkpoint.path))
-        self._prune(trial.trial_id, checkpoint)
+            self.store.add_checkpoint(tid, int(step), loc, kind="resume")
+        self._prune(trial.trial_id, tid, step, loc, checkpoint)
 
-    def _prune(self, trial_id: str, checkpoint: Any) -> None:
-        """Delete superseded checkpoints, but only old ones.
+    def _prune(self, trial_id: str, tid: int, step: int | None, loc: str,
+               checkpoint: Any) -> None:
+        """Delete superseded resume checkpoints, but only old ones, and their rows.
 
         Tune's own ``num_to_keep`` deletes a checkpoint as soon as newer ones exist, yet the
         experiment snapshot (taken every few seconds) may still name it: a driver killed
         then leaves a restore pointing at nothing. We keep the newest ``keep_last`` and
         every checkpoint younger than ``keep_recent_s``, far longer than the snapshot period.
+        A deleted checkpoint's ``checkpoints`` row goes with it; one that could not be
+        deleted keeps its row and is tried again at the next checkpoint.
         """
         now = time.monotonic()
         lst = self._ckpts.setdefault(trial_id, [])
-        lst.append((now, checkpoint))
+        lst.append((now, step, loc, checkpoint))
         keep = lst[-self.keep_last:] if self.keep_last > 0 else []
-        for t, ck in list(lst):
-            if any(ck is k for _, k in keep) or now - t < self.keep_recent_s:
+        for item in list(lst):
+            t, st, where, ck = item
+            if any(ck is k[3] for k in keep) or now - t < self.keep_recent_s:
                 continue
             try:
                 ck.filesystem.delete_dir(ck.path)
-            except Exception:  # already gone, or storage hiccup: pruning is best effort
-                pass
-            lst.remove((t, ck))
+            except Exception:  # already gone, or a storage hiccup: look before forgetting
+                if _exists(ck.filesystem, ck.path):
+                    continue
+            if st is not None:
+                self.store.delete_checkpoint(tid, int(st), kind="resume", location=where)
+            lst.remove(item)
 
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self._seen.discard(trial.trial_id)
@@ -281,6 +356,15 @@ class DbWriter(Callback):
         if self._store is not None:
             self._store.close()
             self._store = None
+
+
+def _exists(fs: Any, path: str) -> bool:
+    import pyarrow.fs as pafs
+
+    try:
+        return fs.get_file_info(path).type != pafs.FileType.NotFound
+    except Exception:
+        return True  # cannot tell: keep the row
 
 
 def _fmt_s(s: float) -> str:
@@ -380,6 +464,8 @@ class SweepOptions:
     max_concurrent: int | None = None
     max_failures: int = 2
     direct_writes: bool = False
+    # superseded resume checkpoints older than this are pruned (tests shorten it)
+    prune_age_s: float = 60.0
     progress_every_s: float = 10.0
     num_cpus: int | None = None  # local Ray only (default: all cores)
     ray_temp_dir: str | None = None  # local Ray only (default: a fresh dir under /tmp)
@@ -392,7 +478,15 @@ def default_storage() -> str:
 
 
 def experiment_path(name: str, storage: str | None = None) -> str:
-    return str(Path(storage or default_storage()).expanduser() / f"{EXPERIMENT_PREFIX}{name}")
+    return _join(storage or default_storage(), f"{EXPERIMENT_PREFIX}{name}")
+
+
+def _join(storage: str, name: str) -> str:
+    """``storage/name`` for a path or a URI (``Path`` would turn ``s3://b`` into ``s3:/b``)."""
+    if "://" in storage:
+        base, _, query = storage.partition("?")
+        return base.rstrip("/") + "/" + name + (f"?{query}" if query else "")
+    return str(Path(storage).expanduser() / name)
 
 
 def code_version() -> str:
@@ -527,7 +621,7 @@ def _baseline_prs(db_url: str, sweep: str, plan: SweepPlan) -> dict[str, list]:
 
 def _run_phase(plan: SweepPlan, trials: list[TrialSpec], exp_name: str, opts: SweepOptions,
                storage: str, threads: int, gpus: float) -> Any:
-    path = str(Path(storage) / exp_name)
+    path = _join(storage, exp_name)
     resources = {"cpu": opts.cpus_per_trial, "gpu": gpus}
     direct_url = _DRIVER["db_url"] if opts.direct_writes else None
     restore = tune.Tuner.can_restore(path)
@@ -541,12 +635,13 @@ def _run_phase(plan: SweepPlan, trials: list[TrialSpec], exp_name: str, opts: Sw
         finished = frozenset(k for k, v in statuses.items() if v == "terminated")
     _DRIVER["finished"] = finished
     fn = tune.with_resources(
-        tune.with_parameters(trainable, db_url=direct_url, finished=finished), resources)
+        tune.with_parameters(trainable, db_url=direct_url, finished=finished,
+                             storage_root=storage), resources)
     if restore:
         tuner = tune.Tuner.restore(path, fn, resume_unfinished=True, resume_errored=True)
     else:
         space = {"trial": tune.grid_search([_with_threads(t, threads) for t in trials]),
-                 "sweep": plan.name}
+                 "sweep": plan.name, "snapshots": plan.snapshots}
         tuner = tune.Tuner(
             fn,
             param_space=space,
@@ -563,7 +658,8 @@ def _run_phase(plan: SweepPlan, trials: list[TrialSpec], exp_name: str, opts: Sw
                 failure_config=tune.FailureConfig(max_failures=opts.max_failures),
                 # Tune keeps every checkpoint; DbWriter prunes them safely (see _prune)
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=None),
-                callbacks=[DbWriter(plan.name, opts.direct_writes),
+                callbacks=[DbWriter(plan.name, opts.direct_writes,
+                                    keep_recent_s=opts.prune_age_s),
                            Progress(opts.progress_every_s)],
                 verbose=0,
             ),
@@ -600,6 +696,7 @@ def run_sweep(plan: SweepPlan, opts: SweepOptions) -> dict[str, Any]:
     if n_int:
         say(f"marked {n_int} trial(s) left running by a dead driver as interrupted")
     _DRIVER["db_url"] = db_url
+    _DRIVER["storage"] = storage
     _init_ray(opts)
     gpus = _gpus_per_trial(opts)
     say(f"sweep {plan.name}: {len(plan.trials)} trials, {opts.cpus_per_trial:g} CPU and "
@@ -777,14 +874,16 @@ def remote_sweep_command(name: str, *, spec_remote: str | None, preset: str | No
                          db: str | None, resume: bool, gpus_per_trial: float | None,
                          cpus_per_trial: float, max_concurrent: int | None,
                          max_failures: int, direct_writes: bool, storage: str | None,
-                         logdir: str = "~/qkgeom-sweeps", address: str = "auto") -> str:
+                         logdir: str = "~/qkgeom-sweeps", address: str = "auto",
+                         snapshots: str | None = None) -> str:
     """The shell line that starts the sweep driver on the head, detached from SSH."""
     args = ["sweep", "--address", address, "--name", name]
     if spec_remote:
         args += ["--spec", spec_remote]
     elif preset:
         args += ["--preset", preset]
-    for k, v in (("--data", data), ("--db", db), ("--storage", storage)):
+    for k, v in (("--data", data), ("--db", db), ("--storage", storage),
+                 ("--snapshots", snapshots)):
         if v:
             args += [k, v]
     for s in sets:
@@ -827,7 +926,8 @@ def launch_on_cluster(cluster_file: str, *, plan: SweepPlan | None, name: str,
                       sets: tuple[str, ...] | list[str], db: str | None, resume: bool,
                       gpus_per_trial: float | None, cpus_per_trial: float,
                       max_concurrent: int | None, max_failures: int, direct_writes: bool,
-                      storage: str | None, out: Any = print) -> dict[str, Any]:
+                      storage: str | None, out: Any = print,
+                      snapshots: str | None = None) -> dict[str, Any]:
     """Validate the cluster file, start/update the cluster, run the driver on its head.
 
     The spec is validated here first (``plan``), so a bad spec never starts machines.
@@ -861,7 +961,7 @@ def launch_on_cluster(cluster_file: str, *, plan: SweepPlan | None, name: str,
         sets=sets, db=db, resume=resume, gpus_per_trial=gpus_per_trial,
         cpus_per_trial=cpus_per_trial, max_concurrent=max_concurrent,
         max_failures=max_failures, direct_writes=direct_writes, storage=storage,
-        address=head_address(cfg))
+        address=head_address(cfg), snapshots=snapshots)
     sdk.run_on_cluster(cluster_file, cmd=cmd)
     db_arg = f" --db {_q(db)}" if db else ""
     venv = 'export PATH="${QKGEOM_VENV:+$QKGEOM_VENV/bin:}$PATH"; '

@@ -51,9 +51,10 @@ def _progress_factory(quiet: bool, live: bool):  # type: ignore[no-untyped-def]
               help="Comma-separated Hub revisions, e.g. step1000,step143000 for Pythia. "
                    "A revision's step is parsed from stepN.")
 @click.option("--checkpoints", "checkpoints", default=None, metavar="SPEC",
-              help="Measure a qkgeom trial's checkpoints instead: SWEEP/TRIAL_KEY (looked up "
-                   "in --db) or a directory of step_N/ checkpoints. Stored as model "
-                   "'qkgeom:SPEC', revisions step_N.")
+              help="Measure a qkgeom trial's checkpoints instead: SWEEP/TRIAL_KEY (its weight "
+                   "snapshots, looked up in --db, read from the sweep's storage: a path or "
+                   "s3://, gs://, file:// URI) or a directory (path or URI) of step_N/ "
+                   "checkpoints. Stored as model 'qkgeom:SPEC', revisions step_N.")
 @click.option("--text", "text", default=None, metavar="PATH",
               help="UTF-8 text to measure on. Default: the WikiText test text "
                    "($QKGEOM_DATA/wiki.test.raw or the qkgeom cache).")
@@ -109,7 +110,9 @@ def probe_pretrained(model: str | None, gguf_file: str | None, revisions: str | 
             if checkpoints is not None:
                 if seq_len is not None:
                     raise QkgeomError("--seq-len is fixed by a checkpoint's block_size")
-                done = P.probe_checkpoints(checkpoints, store=store, **common)
+                done = P.probe_checkpoints(
+                    checkpoints, store=store,
+                    note=lambda m: click.echo(f"note: {m}", err=True), **common)
             else:
                 revs = [r.strip() for r in revisions.split(",") if r.strip()] if revisions \
                     else None

@@ -53,13 +53,21 @@ DB_HELP = "Results database URL or SQLite file (default: $QKGEOM_DB, else sqlite
 @click.option("--storage", default=None, envvar="QKGEOM_RAY_STORAGE",
               help="Ray Tune storage root (default ~/ray_results); shared storage (NFS, "
               "s3://...) on a multi-node cluster.")
+@click.option("--snapshots", default=None, metavar="POLICY",
+              help="Weight snapshots kept in the Tune storage (for probe-pretrained "
+              "--checkpoints SWEEP/TRIAL): all (every probe step), none, or every:N (probe "
+              "steps that are multiples of N, and the last). Default: the spec's "
+              "'snapshots', else all.")
 @click.option("--progress-every", type=float, default=10.0, show_default=True,
               help="Seconds between progress lines when nothing changes.")
+@click.option("--prune-age", type=float, default=60.0, hidden=True,
+              help="Seconds before a superseded resume checkpoint is pruned (tests).")
 def sweep(preset_name: str | None, spec_file: str | None, name: str | None, db: str | None,
           data: str | None, sets: tuple[str, ...], address: str | None,
           cluster_file: str | None, resume: bool, gpus_per_trial: float | None,
           cpus_per_trial: float, max_concurrent: int | None, max_failures: int,
-          direct_writes: bool, storage: str | None, progress_every: float) -> None:
+          direct_writes: bool, storage: str | None, snapshots: str | None,
+          progress_every: float, prune_age: float) -> None:
     """Run a study (geometry grid + intervention arms) on Ray Tune into the database."""
     from qkgeom.sweep import plan_from
 
@@ -75,8 +83,12 @@ def sweep(preset_name: str | None, spec_file: str | None, name: str | None, db: 
         from_db = resume and preset_name is None and spec_file is None
         if from_db and not name:
             raise click.UsageError("--resume needs --name NAME (the sweep to continue)")
+        if from_db and snapshots is not None:
+            raise click.UsageError("--snapshots is part of the stored spec: resume without it")
+        if prune_age < 0:
+            raise click.BadParameter("must be >= 0", param_hint="--prune-age")
         plan = None if from_db else plan_from(preset_name, spec_file, name=name, data=data,
-                                              sets=sets)
+                                              sets=sets, snapshots=snapshots)
         if cluster_file:
             from qkgeom.tune import launch_on_cluster
 
@@ -85,7 +97,7 @@ def sweep(preset_name: str | None, spec_file: str | None, name: str | None, db: 
                 preset=preset_name, data=data, sets=sets, db=db, resume=resume,
                 gpus_per_trial=gpus_per_trial, cpus_per_trial=cpus_per_trial,
                 max_concurrent=max_concurrent, max_failures=max_failures,
-                direct_writes=direct_writes, storage=storage,
+                direct_writes=direct_writes, storage=storage, snapshots=snapshots,
             )
             return
 
@@ -103,7 +115,8 @@ def sweep(preset_name: str | None, spec_file: str | None, name: str | None, db: 
         opts = SweepOptions(db_url=db, address=address, storage=storage, resume=resume,
                             cpus_per_trial=cpus_per_trial, gpus_per_trial=gpus_per_trial,
                             max_concurrent=max_concurrent, max_failures=max_failures,
-                            direct_writes=direct_writes, progress_every_s=progress_every)
+                            direct_writes=direct_writes, progress_every_s=progress_every,
+                            prune_age_s=prune_age)
         try:
             summary = run_sweep(plan, opts)
         finally:
@@ -152,8 +165,13 @@ def status_rows(db: str | None, name: str | None) -> list[dict[str, Any]]:
             "SELECT p.trial_id, p.step, p.val_loss FROM probes p JOIN trials t "
             "ON t.id = p.trial_id WHERE t.sweep_id = :s ORDER BY p.trial_id, p.step",
             {"s": sid})
+        snaps = store.sql(
+            "SELECT c.trial_id, count(*) AS n FROM checkpoints c JOIN trials t "
+            "ON t.id = c.trial_id WHERE t.sweep_id = :s AND c.kind = 'snapshot' "
+            "GROUP BY c.trial_id", {"s": sid})
     finally:
         store.close()
+    n_snaps = {int(t): int(n) for t, n in snaps.iter_rows()}
     last_by: dict[int, tuple[int, float]] = {}
     for tid, step, val in last.iter_rows():
         last_by[tid] = (step, val)
@@ -163,6 +181,7 @@ def status_rows(db: str | None, name: str | None) -> list[dict[str, Any]]:
         step, val = last_by.get(tid, (None, math.nan))
         rows.append(dict(trial=key, status=status, attempts=attempts,
                          step=step, max_steps=cfg.get("max_steps"), val_loss=val,
+                         snapshots=n_snaps.get(tid, 0),
                          host=host or "", device=device or "",
                          error=(error or "").strip().splitlines()[-1:] or [""]))
         rows[-1]["error"] = rows[-1]["error"][0][:80]
@@ -170,15 +189,15 @@ def status_rows(db: str | None, name: str | None) -> list[dict[str, Any]]:
 
 
 def format_status(rows: list[dict[str, Any]]) -> str:
-    head = ["trial", "status", "tries", "step", "val_loss", "host", "device", "error"]
+    head = ["trial", "status", "tries", "step", "val_loss", "snaps", "host", "device", "error"]
     body = []
     for r in rows:
         step = "-" if r["step"] is None else f"{r['step']}/{r['max_steps']}"
         val = "-" if r["val_loss"] is None or r["val_loss"] != r["val_loss"] \
             else f"{r['val_loss']:.4f}"
         err = r["error"] if r["status"] in ("error", "pending", "interrupted") else ""
-        body.append([r["trial"], r["status"], str(r["attempts"]), step, val, r["host"],
-                     r["device"], err])
+        body.append([r["trial"], r["status"], str(r["attempts"]), step, val,
+                     str(r.get("snapshots", 0)), r["host"], r["device"], err])
     widths = [max(len(x) for x in col) for col in zip(head, *body)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()
              for row in [head, *body]]
