@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from sqlalchemy import create_engine, text
+from sqlalchemy.exc import IntegrityError
 
 from qkgeom.errors import QkgeomError
 from qkgeom.store import open_store
@@ -56,7 +57,7 @@ def test_existing_rows_become_resume_and_downgrade_keeps_the_snapshot(db_url):
         store.add_checkpoint(1, 20, "/ray/snapshots/step_0000020b", kind="snapshot")  # upsert
         with pytest.raises(QkgeomError, match="unknown checkpoint kind"):
             store.add_checkpoint(1, 40, "/x", kind="weights")
-    with pytest.raises(Exception):
+    with pytest.raises(IntegrityError, match="ck_checkpoints_kind|CHECK constraint"):
         _exec(db_url, "INSERT INTO checkpoints (trial_id, kind, step, location, created_at) "
               "VALUES (1, 'weights', 40, '/x', CURRENT_TIMESTAMP)")
     assert _rows(db_url) == [("resume", 0, "/ray/checkpoint_0"),
