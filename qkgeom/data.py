@@ -42,12 +42,15 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from filelock import FileLock
 
 from qkgeom.errors import DataError
+
+if TYPE_CHECKING:  # torch is imported where batches are made: opening a corpus is light
+    import torch
 
 HUB_CONFIGS = {"wikitext-103": "wikitext-103-raw-v1", "wikitext-2": "wikitext-2-raw-v1"}
 UNK = 0
@@ -421,6 +424,8 @@ class Sampler:
 def windows(
     data: np.ndarray, starts: np.ndarray, block: int, device: torch.device | str = "cpu"
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    import torch
+
     idx = starts[:, None] + np.arange(block + 1)[None, :]  # (B, block + 1)
     arr = torch.from_numpy(np.asarray(data[idx], dtype=np.int64))
     x, y = arr[:, :-1], arr[:, 1:]
