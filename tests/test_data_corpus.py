@@ -86,8 +86,8 @@ def test_wikitext_single_file_encodes_as_before(cache, wikitext_dir, monkeypatch
 def test_unseen_multibyte_astral_and_newlines(cache, tmp_path, monkeypatch, block):
     # \r\n and lone \r become \n (read_text's universal newlines), also across block edges;
     # 2-, 3- and 4-byte UTF-8 characters; the val/test parts hold characters unseen in train
-    train = "ab\r\ncé\u00e9\u4e2d\U0001f600 z\rq\r\n" * 6 + "\ufeffend\r"
-    tail = "x\U0001f601\u4e2e\r\nab\u0300" * 2
+    train = "ab\r\ncé\u00e9\u4e2d\U0001f600 z\rq\r\r\n" * 6 + "\ufeffend\r"
+    tail = "x\U0001f601\u4e2e\r\nab\u0300" * 2 + "\r"
     f = tmp_path / "t.txt"
     f.write_bytes((train + tail).encode("utf-8"))
     monkeypatch.setattr(data, "_BLOCK", block)
