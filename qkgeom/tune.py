@@ -688,7 +688,10 @@ def run_sweep(plan: SweepPlan, opts: SweepOptions) -> dict[str, Any]:
         raise SweepError(f"sweep {plan.name!r} already has a Ray experiment at {path}; "
                          f"continue it with: qkgeom sweep --resume --name {plan.name} "
                          "(or pick another --name)")
-    if opts.address is None:  # local Ray: a bad --data fails here, before any trial starts
+    # local Ray: the corpus is downloaded and encoded here, once, before any trial starts (a
+    # bad --data fails here). On a cluster the first trial on each node does it and the
+    # node's other trials wait on the cache's lock (qkgeom.data), then open the result.
+    if opts.address is None:
         for dataset in sorted({t.config.get("dataset", "default") for t in plan.trials}):
             _corpus(dataset)
     sid, n_int = prepare_db(plan, db_url, resume=opts.resume, threads=threads)
