@@ -147,7 +147,8 @@ def status_rows(db: str | None, name: str | None) -> list[dict[str, Any]]:
             name = sweeps[0]
         sid = store.require_sweep(name)
         trials = store.trials(name).select(
-            "id", "trial_key", "status", "attempts", "host", "device", "config", "error")
+            "id", "trial_key", "status", "attempts", "host", "device", "config", "error",
+            "test_loss")
         last = store.sql(
             "SELECT p.trial_id, p.step, p.val_loss FROM probes p JOIN trials t "
             "ON t.id = p.trial_id WHERE t.sweep_id = :s ORDER BY p.trial_id, p.step",
@@ -158,11 +159,12 @@ def status_rows(db: str | None, name: str | None) -> list[dict[str, Any]]:
     for tid, step, val in last.iter_rows():
         last_by[tid] = (step, val)
     rows = []
-    for tid, key, status, attempts, host, device, config, error in trials.iter_rows():
+    for tid, key, status, attempts, host, device, config, error, test in trials.iter_rows():
         cfg = json.loads(config) if isinstance(config, str) else (config or {})
         step, val = last_by.get(tid, (None, math.nan))
         rows.append(dict(trial=key, status=status, attempts=attempts,
                          step=step, max_steps=cfg.get("max_steps"), val_loss=val,
+                         test_loss=math.nan if test is None else test,
                          host=host or "", device=device or "",
                          error=(error or "").strip().splitlines()[-1:] or [""]))
         rows[-1]["error"] = rows[-1]["error"][0][:80]
@@ -170,15 +172,18 @@ def status_rows(db: str | None, name: str | None) -> list[dict[str, Any]]:
 
 
 def format_status(rows: list[dict[str, Any]]) -> str:
-    head = ["trial", "status", "tries", "step", "val_loss", "host", "device", "error"]
+    head = ["trial", "status", "tries", "step", "val_loss", "test_loss", "host", "device",
+            "error"]
+
+    def loss(v: float | None) -> str:
+        return "-" if v is None or v != v else f"{v:.4f}"
+
     body = []
     for r in rows:
         step = "-" if r["step"] is None else f"{r['step']}/{r['max_steps']}"
-        val = "-" if r["val_loss"] is None or r["val_loss"] != r["val_loss"] \
-            else f"{r['val_loss']:.4f}"
         err = r["error"] if r["status"] in ("error", "pending", "interrupted") else ""
-        body.append([r["trial"], r["status"], str(r["attempts"]), step, val, r["host"],
-                     r["device"], err])
+        body.append([r["trial"], r["status"], str(r["attempts"]), step, loss(r["val_loss"]),
+                     loss(r.get("test_loss")), r["host"], r["device"], err])
     widths = [max(len(x) for x in col) for col in zip(head, *body)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()
              for row in [head, *body]]
