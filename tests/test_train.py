@@ -88,6 +88,18 @@ def test_training_beats_unigram_entropy(wikitext_dir):
     assert res.test_loss < res.unigram_entropy - 0.3, (res.test_loss, res.unigram_entropy)
 
 
+def test_warmup_as_a_fraction_of_training():
+    cfg = TrialConfig(lr=1e-3, min_lr=1e-4, warmup_frac=0.04, warmup_steps=999, max_steps=1500)
+    assert cfg.warmup == 60  # the fraction wins over warmup_steps
+    assert lr_at(cfg, 59) == pytest.approx(1e-3 * 60 / 61)
+    assert lr_at(cfg, 60) == pytest.approx(1e-3)
+    # cosine from step 60 to 1500: halfway (step 780) is the midpoint of lr and floor
+    assert lr_at(cfg, 780) == pytest.approx(5.5e-4)
+    assert TrialConfig(warmup_steps=7).warmup == 7
+    with pytest.raises(ValueError, match="warmup_frac"):
+        TrialConfig(warmup_frac=1.0)
+
+
 def test_lr_schedule_warmup_then_cosine():
     cfg = TrialConfig(lr=1e-3, min_lr=1e-4, warmup_steps=10, max_steps=110)
     assert lr_at(cfg, 0) < lr_at(cfg, 5) < lr_at(cfg, 9) <= 1e-3
