@@ -110,6 +110,77 @@ def trials(store: Any, sweep: str) -> pl.DataFrame:
         "ORDER BY t.id", {"sweep": sweep})
 
 
+def trial_rows(store: Any, sweep: str) -> list[dict[str, Any]]:
+    """Every trial of ``sweep`` as a dict: trial_id, depth, init, arm, seed, status,
+    test_loss (None until finished) and config (parsed)."""
+    import json
+
+    df = store.sql(
+        "SELECT t.id AS trial_id, t.depth, t.init, t.arm, t.seed, t.status, t.test_loss, "
+        "t.config FROM trials t JOIN sweeps s ON s.id = t.sweep_id WHERE s.name = :sweep "
+        "ORDER BY t.id", {"sweep": sweep})
+    rows = df.to_dicts()
+    for r in rows:
+        c = r["config"]
+        r["config"] = json.loads(c) if isinstance(c, str) else (c or {})
+        tl = r["test_loss"]
+        r["test_loss"] = None if tl is None or (isinstance(tl, float) and math.isnan(tl)) \
+            else float(tl)
+    return rows
+
+
+# (config key, label) of what the report states about a study's scale and optimiser
+SCALE_KEYS = [("n_embd", "width n_embd"), ("n_head", "heads"), ("block_size", "context"),
+              ("max_steps", "training steps"), ("batch_size", "batch (sequences)"),
+              ("lr", "peak lr"), ("min_lr", "lr floor (cosine)"), ("warmup", "warm-up steps"),
+              ("weight_decay", "weight decay"), ("betas", "AdamW betas")]
+
+
+def study_scale(store: Any, sweep: str, *, finished_only: bool = True) -> dict[str, Any]:
+    """What a sweep ran: the distinct values of each :data:`SCALE_KEYS` setting over its
+    trials, the grid depths and seeds, and the seeds of every arm."""
+    rows = trial_rows(store, sweep)
+    if finished_only:
+        rows = [r for r in rows if r["status"] == "terminated"] or rows
+    out: dict[str, Any] = {}
+    for key, _ in SCALE_KEYS:
+        vals = set()
+        for r in rows:
+            c = r["config"]
+            if key == "warmup":
+                frac = float(c.get("warmup_frac") or 0.0)
+                v = (int(round(frac * c["max_steps"])) if frac > 0 and "max_steps" in c
+                     else c.get("warmup_steps"))
+            elif key == "betas":
+                v = (c.get("beta1"), c.get("beta2")) if "beta1" in c else None
+            else:
+                v = c.get(key)
+            if v is not None:
+                vals.add(v)
+        out[key] = sorted(vals, key=str)
+    grid = [r for r in rows if r["arm"] == BASELINE_ARM]
+    out["depths"] = sorted({r["depth"] for r in grid})
+    out["inits"] = sorted({r["init"] for r in grid})
+    out["grid_seeds"] = sorted({r["seed"] for r in grid})
+    out["arm_seeds"] = {a: sorted({r["seed"] for r in rows if r["arm"] == a})
+                        for a in sorted({r["arm"] for r in rows} - {BASELINE_ARM})}
+    out["n_trials"] = len(rows)
+    return out
+
+
+def test_loss_pairs(store: Any, sweep: str, *, arm: str, baseline: str = BASELINE_ARM
+                    ) -> list[dict[str, Any]]:
+    """Final test loss of each finished ``arm`` trial beside its paired baseline (same
+    depth, init and seed): depth, init, seed, arm_test_loss, baseline_test_loss."""
+    rows = [r for r in trial_rows(store, sweep) if r["status"] == "terminated"]
+    base = {(r["depth"], r["init"], r["seed"]): r["test_loss"] for r in rows
+            if r["arm"] == baseline}
+    return [{"depth": r["depth"], "init": r["init"], "seed": r["seed"],
+             "arm_test_loss": r["test_loss"],
+             "baseline_test_loss": base.get((r["depth"], r["init"], r["seed"]))}
+            for r in rows if r["arm"] == arm]
+
+
 def _select_trials(store: Any, sweep: str, *, arms: list[str] | None = None,
                    depth: int | None = None, init: str | None = None,
                    finished_only: bool = True) -> pl.DataFrame:
