@@ -575,6 +575,13 @@ def build_report(store: Any, sweep: str, out_dir: str | Path, *, seed: int = 0,
     charts = _figures(store, sweep, fin, seed, shared)
 
     design = tr.group_by(["arm", "status"]).len("trials").sort(["arm", "status"]).to_dicts()
+    losses: dict[tuple[str, str], list[float]] = {}
+    for r in A.trial_rows(store, sweep):
+        if r["test_loss"] is not None:
+            losses.setdefault((r["arm"], r["status"]), []).append(r["test_loss"])
+    for row in design:  # the final test loss (nats/char), mean over the trials that have one
+        tl = losses.get((row["arm"], row["status"]), [])
+        row["mean test loss"] = sum(tl) / len(tl) if tl else None
     scale_rows, scale = _scale_rows(store, sweep, fin)
     g = tr.filter(tr["arm"] == A.BASELINE_ARM)
     design_text = (f"Sweep **{sweep}**: {tr.height} trials; depths "

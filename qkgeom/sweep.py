@@ -379,6 +379,24 @@ def build_plan(spec: dict[str, Any], *, name: str | None = None, data: str | Non
     return SweepPlan(sweep_name, normalised, list(trials.values()) + arm_trials)
 
 
+def plan_summary(plan: SweepPlan) -> dict[str, Any]:
+    """What a plan runs, without running it (``qkgeom sweep --dry-run``): trial counts,
+    the seeds of every arm, and the distinct values of the scale and optimiser settings."""
+    arms: dict[str, list[int]] = {}
+    for t in plan.trials:
+        arms.setdefault(t.arm, []).append(t.seed)
+    settings = {}
+    for k in ("n_layer", "n_embd", "n_head", "block_size", "max_steps", "batch_size", "lr",
+              "min_lr", "warmup", "weight_decay", "beta1", "beta2"):
+        vals = {TrialConfig.from_dict(t.config).warmup if k == "warmup" else t.config[k]
+                for t in plan.trials}
+        settings[k] = sorted(vals)
+    return {"name": plan.name, "n_trials": len(plan.trials),
+            "n_after_baselines": sum(t.needs_baseline for t in plan.trials),
+            "arms": {a: sorted(set(s)) for a, s in arms.items()},
+            "trials_per_arm": {a: len(s) for a, s in arms.items()}, "settings": settings}
+
+
 def plan_from(preset: str | None = None, spec_file: str | Path | None = None, *,
               name: str | None = None, data: str | None = None,
               sets: list[str] | tuple[str, ...] = ()) -> SweepPlan:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -177,3 +179,39 @@ def test_relative_data_path_becomes_absolute_for_ray_workers(tmp_path, monkeypat
     # names that are not local paths (a hub dataset) pass through unchanged
     plan = plan_from("smoke", data="wikitext-2")
     assert {t.config["dataset"] for t in plan.trials} == {"wikitext-2"}
+
+
+STUDIES = sorted((Path(__file__).resolve().parents[1] / "studies").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", STUDIES, ids=lambda p: p.name)
+def test_every_study_file_validates(path):
+    from click.testing import CliRunner
+
+    from qkgeom.cli import main
+
+    plan = plan_from(spec_file=path)
+    assert plan.name == path.stem  # one sweep name per file: cells never collide in a database
+    r = CliRunner().invoke(main, ["sweep", "--dry-run", "--spec", str(path)])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["n_trials"] == len(plan.trials) and d["n_after_baselines"] == 10
+
+
+def test_ladder_varies_only_width_context_and_lr():
+    ladder = [plan_from(spec_file=p) for p in STUDIES if p.name.startswith("ladder-")]
+    cells = set()
+    shapes = set()
+    for plan in ladder:
+        c = plan.trials[0].config
+        cells.add((c["n_embd"], c["block_size"], c["lr"]))
+        assert c["min_lr"] == pytest.approx(c["lr"] / 10)
+        # everything but the factors is the cpu study's design
+        cpu = {t.key: t.config for t in plan_from("cpu").trials}
+        assert {t.key for t in plan.trials} == set(cpu)
+        for t in plan.trials:
+            diff = {k for k in t.config if t.config[k] != cpu[t.key][k]}
+            assert diff <= {"n_embd", "block_size", "lr", "min_lr"}, (plan.name, t.key, diff)
+        shapes.add(len(plan.trials))
+    assert cells == {(e, e, lr) for e in (64, 96, 128) for lr in (1e-3, 3e-3)}
+    assert shapes == {52}

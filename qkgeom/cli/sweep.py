@@ -55,11 +55,14 @@ DB_HELP = "Results database URL or SQLite file (default: $QKGEOM_DB, else sqlite
               "s3://...) on a multi-node cluster.")
 @click.option("--progress-every", type=float, default=10.0, show_default=True,
               help="Seconds between progress lines when nothing changes.")
+@click.option("--dry-run", is_flag=True,
+              help="Validate the spec and print what it would run (no Ray, no database).")
 def sweep(preset_name: str | None, spec_file: str | None, name: str | None, db: str | None,
           data: str | None, sets: tuple[str, ...], address: str | None,
           cluster_file: str | None, resume: bool, gpus_per_trial: float | None,
           cpus_per_trial: float, max_concurrent: int | None, max_failures: int,
-          direct_writes: bool, storage: str | None, progress_every: float) -> None:
+          direct_writes: bool, storage: str | None, progress_every: float,
+          dry_run: bool) -> None:
     """Run a study (geometry grid + intervention arms) on Ray Tune into the database."""
     from qkgeom.sweep import plan_from
 
@@ -77,6 +80,13 @@ def sweep(preset_name: str | None, spec_file: str | None, name: str | None, db: 
             raise click.UsageError("--resume needs --name NAME (the sweep to continue)")
         plan = None if from_db else plan_from(preset_name, spec_file, name=name, data=data,
                                               sets=sets)
+        if dry_run:
+            if plan is None:
+                raise click.UsageError("--dry-run needs --preset or --spec")
+            from qkgeom.sweep import plan_summary
+
+            click.echo(json.dumps(plan_summary(plan), indent=1))
+            return
         if cluster_file:
             from qkgeom.tune import launch_on_cluster
 
