@@ -300,6 +300,14 @@ def test_commands_on_a_real_smoke_sweep(smoke_db: str, tmp_path: Path):
     rep = json.loads((tmp_path / "rep" / "report.json").read_text())
     assert {c["verdict"] for c in rep["claims"]} <= {"holds", "does not hold",
                                                       "not enough data"}
+    # by construction, not a training outcome: a baseline-fraction shrink arm ends with
+    # W_K PR at half of its paired baseline's in every seed
+    v = {c["key"]: c["verdict"] for c in rep["claims"]}
+    assert v["reality-check"] == "holds"
+    assert rep["scale"]["n_embd"] == [32] and rep["scale"]["lr"] == [0.003]
+    for window in ("collapse", "0.5"):
+        d = run_json("stats", "slopes", "--db", smoke_db, "--from", window)
+        assert d["pr_q"]["n"] + d["pr_q"]["n_undefined"] == n_traj
 
 
 # --------------------------------------------------------------------------- trend windows
