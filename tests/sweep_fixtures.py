@@ -104,15 +104,21 @@ def assert_sweep_complete(db: str, sweep: str, plan) -> None:  # type: ignore[no
     bad = trials.filter(trials["status"] != "terminated")
     assert bad.height == 0, bad.select("trial_key", "status", "error").to_dicts()
     counts = probe_counts(db, sweep)
+    # an arm with a baseline-relative target runs with the baseline_pr filled in from the
+    # database: the stored config, not the plan's placeholder, is what it trained with
+    import json
+
+    stored = {k: json.loads(c) for k, c in zip(trials["trial_key"], trials["config"])}
     for t in plan.trials:
         n_probe = plan.probes_per_trial(t.key)
-        n_metric = metric_rows(t)
+        n_metric = metric_rows(t, stored[t.key] if t.needs_baseline else None)
         assert counts[t.key] == (n_probe, n_metric), (t.key, counts[t.key], n_probe, n_metric)
 
 
-def metric_rows(t) -> int:  # type: ignore[no-untyped-def]
-    """Metric rows trial spec ``t`` writes in all (from a real uninterrupted run)."""
-    return sum(len(r.metrics) for r in reference_records(t.config))
+def metric_rows(t, config: dict | None = None) -> int:  # type: ignore[no-untyped-def]
+    """Metric rows trial spec ``t`` (run with ``config``, default its own) writes in all
+    (from a real uninterrupted run)."""
+    return sum(len(r.metrics) for r in reference_records(config or t.config))
 
 
 _REF_CACHE: dict[str, list] = {}

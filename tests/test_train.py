@@ -197,6 +197,9 @@ def test_cli_train_records_into_database(wikitext_dir, tmp_path):
     st = open_store(db)
     t = st.sql("select status, attempts from trials")
     assert t.rows() == [("terminated", 2)]
+    # the final test loss is stored: the one the run printed and wrote to result.json
+    printed = json.loads((tmp_path / "b" / "result.json").read_text())["test_loss"]
+    assert st.sql("select test_loss from trials").item() == pytest.approx(printed, rel=1e-12)
     n = st.sql("select count(*) from probe_metrics").item()
     per_probe = 2 * (2 + 1) * 9  # layers x (heads + layer row) x metrics
     assert n == 3 * per_probe
