@@ -31,10 +31,11 @@ from qkgeom.records import METRICS
 
 BASELINE_ARM = "none"
 SUMMARIES = ("final", "mean", "all")
+WINDOWS = ("start", "collapse")  # or a progress value in [0, 1)
 LEVELS = ("trajectory", "run")
 DEFAULT_WINDOW = 3
 # The paper's predictions, arm -> sign of (arm - baseline) for entropy and key PR.
-PREDICTED_SIGN = {"shrink": -1, "hold": 1}
+PREDICTED_SIGN = {"shrink": -1, "shrink_act": -1, "hold": 1}
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
@@ -107,6 +108,77 @@ def trials(store: Any, sweep: str) -> pl.DataFrame:
         "SELECT t.id AS trial_id, t.depth, t.init, t.arm, t.seed, t.status "
         "FROM trials t JOIN sweeps s ON s.id = t.sweep_id WHERE s.name = :sweep "
         "ORDER BY t.id", {"sweep": sweep})
+
+
+def trial_rows(store: Any, sweep: str) -> list[dict[str, Any]]:
+    """Every trial of ``sweep`` as a dict: trial_id, depth, init, arm, seed, status,
+    test_loss (None until finished) and config (parsed)."""
+    import json
+
+    df = store.sql(
+        "SELECT t.id AS trial_id, t.depth, t.init, t.arm, t.seed, t.status, t.test_loss, "
+        "t.config FROM trials t JOIN sweeps s ON s.id = t.sweep_id WHERE s.name = :sweep "
+        "ORDER BY t.id", {"sweep": sweep})
+    rows = df.to_dicts()
+    for r in rows:
+        c = r["config"]
+        r["config"] = json.loads(c) if isinstance(c, str) else (c or {})
+        tl = r["test_loss"]
+        r["test_loss"] = None if tl is None or (isinstance(tl, float) and math.isnan(tl)) \
+            else float(tl)
+    return rows
+
+
+# (config key, label) of what the report states about a study's scale and optimiser
+SCALE_KEYS = [("n_embd", "width n_embd"), ("n_head", "heads"), ("block_size", "context"),
+              ("max_steps", "training steps"), ("batch_size", "batch (sequences)"),
+              ("lr", "peak lr"), ("min_lr", "lr floor (cosine)"), ("warmup", "warm-up steps"),
+              ("weight_decay", "weight decay"), ("betas", "AdamW betas")]
+
+
+def study_scale(store: Any, sweep: str, *, finished_only: bool = True) -> dict[str, Any]:
+    """What a sweep ran: the distinct values of each :data:`SCALE_KEYS` setting over its
+    trials, the grid depths and seeds, and the seeds of every arm."""
+    rows = trial_rows(store, sweep)
+    if finished_only:
+        rows = [r for r in rows if r["status"] == "terminated"] or rows
+    out: dict[str, Any] = {}
+    for key, _ in SCALE_KEYS:
+        vals = set()
+        for r in rows:
+            c = r["config"]
+            if key == "warmup":
+                frac = float(c.get("warmup_frac") or 0.0)
+                v = (int(round(frac * c["max_steps"])) if frac > 0 and "max_steps" in c
+                     else c.get("warmup_steps"))
+            elif key == "betas":
+                v = (c.get("beta1"), c.get("beta2")) if "beta1" in c else None
+            else:
+                v = c.get(key)
+            if v is not None:
+                vals.add(v)
+        out[key] = sorted(vals, key=str)
+    grid = [r for r in rows if r["arm"] == BASELINE_ARM]
+    out["depths"] = sorted({r["depth"] for r in grid})
+    out["inits"] = sorted({r["init"] for r in grid})
+    out["grid_seeds"] = sorted({r["seed"] for r in grid})
+    out["arm_seeds"] = {a: sorted({r["seed"] for r in rows if r["arm"] == a})
+                        for a in sorted({r["arm"] for r in rows} - {BASELINE_ARM})}
+    out["n_trials"] = len(rows)
+    return out
+
+
+def test_loss_pairs(store: Any, sweep: str, *, arm: str, baseline: str = BASELINE_ARM
+                    ) -> list[dict[str, Any]]:
+    """Final test loss of each finished ``arm`` trial beside its paired baseline (same
+    depth, init and seed): depth, init, seed, arm_test_loss, baseline_test_loss."""
+    rows = [r for r in trial_rows(store, sweep) if r["status"] == "terminated"]
+    base = {(r["depth"], r["init"], r["seed"]): r["test_loss"] for r in rows
+            if r["arm"] == baseline}
+    return [{"depth": r["depth"], "init": r["init"], "seed": r["seed"],
+             "arm_test_loss": r["test_loss"],
+             "baseline_test_loss": base.get((r["depth"], r["init"], r["seed"]))}
+            for r in rows if r["arm"] == arm]
 
 
 def _select_trials(store: Any, sweep: str, *, arms: list[str] | None = None,
@@ -215,6 +287,81 @@ def unit_keys(level: str) -> list[str]:
     return ["depth", "init", "layer"] + (["trial_id", "seed"] if level == "run" else [])
 
 
+# --------------------------------------------------------------------------- trend windows
+
+
+def parse_window(value: str | float) -> str | float:
+    """``start``, ``collapse`` or a training progress in [0, 1) (``--from``)."""
+    if isinstance(value, str) and value in WINDOWS:
+        return value
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        f = math.nan
+    if not 0 <= f < 1:
+        raise AnalysisError(f"--from {value!r}: use start, collapse, or a training progress "
+                            "in [0, 1) such as 0.2")
+    return f
+
+
+def window_label(window: str | float) -> str:
+    if window == "start":
+        return "from step 0"
+    if window == "collapse":
+        return ("from the end of the initial collapse (per unit: the probe with the lowest "
+                f"PR_Q + PR_K at progress <= {stats.COLLAPSE_SEARCH:g})")
+    return f"from progress {float(window):g}"
+
+
+def collapse_points(units: pl.DataFrame, *, level: str) -> pl.DataFrame:
+    """Per unit, the end of its initial collapse (:func:`qkgeom.stats.collapse_index` of
+    PR_Q + PR_K against progress). Columns: unit keys, collapse_step, collapse_progress."""
+    keys = unit_keys(level)
+    g = units.sort([*keys, "step"]).group_by(keys, maintain_order=True).agg(
+        pl.col("step"), pl.col("progress"), (pl.col("pr_q") + pl.col("pr_k")).alias("total"))
+    rows = []
+    for r in g.iter_rows(named=True):
+        i = stats.collapse_index(r["progress"], r["total"])
+        rows.append({**{k: r[k] for k in keys},
+                     "collapse_step": r["step"][i] if i >= 0 else None,
+                     "collapse_progress": float(r["progress"][i]) if i >= 0 else None})
+    schema = {k: units.schema[k] for k in keys} | {"collapse_step": pl.Int64,
+                                                   "collapse_progress": pl.Float64}
+    return pl.DataFrame(rows, schema=schema, orient="row" if not rows else None)
+
+
+def window_units(units: pl.DataFrame, window: str | float, *, level: str
+                 ) -> tuple[pl.DataFrame, pl.DataFrame | None]:
+    """The probes of each unit inside a trend window, and the collapse points (or None).
+
+    ``start``: every probe; ``collapse``: the probes at and after the unit's collapse
+    point; a float ``f``: the probes with progress >= f.
+    """
+    window = parse_window(window)
+    if window == "start":
+        return units, None
+    if window == "collapse":
+        cp = collapse_points(units, level=level)
+        keys = unit_keys(level)
+        w = units.join(cp.select(*keys, "collapse_step"), on=keys).filter(
+            pl.col("step") >= pl.col("collapse_step")).drop("collapse_step")
+        return w, cp
+    return units.filter(pl.col("progress") >= float(window) - 1e-12), None
+
+
+def collapse_summary(cp: pl.DataFrame | None) -> dict[str, Any] | None:
+    """Where the collapse points lie: n units, min / median / max step and progress."""
+    if cp is None or cp.height == 0:
+        return None
+    st = cp["collapse_step"].drop_nulls().to_numpy()
+    pr = cp["collapse_progress"].drop_nulls().to_numpy()
+    if st.size == 0:
+        return {"n": 0}
+    return {"n": int(st.size), "search_progress": stats.COLLAPSE_SEARCH,
+            "step_min": int(st.min()), "step_median": float(np.median(st)),
+            "step_max": int(st.max()), "progress_median": float(np.median(pr))}
+
+
 def summarise_gap(units: pl.DataFrame, *, summary: str, level: str) -> pl.DataFrame:
     """One summary value per unit: ``final`` (gap at the last probe), ``mean`` (mean gap
     over probes after step 0), ``all`` (min gap over probes after step 0, positive exactly
@@ -243,24 +390,32 @@ class SignTestReport:
     result: stats.SignTestResult
     by_cell: pl.DataFrame  # depth, init, n, n_positive, p_value
     units: pl.DataFrame  # the per-unit summaries
+    window: str | float = "start"
+    collapse: dict[str, Any] | None = None  # where the collapse points lie (window collapse)
 
     def to_dict(self) -> dict[str, Any]:
         return {"sweep": self.sweep, "level": self.level, "summary": self.summary,
+                "window": self.window, "window_label": window_label(self.window),
+                "collapse": self.collapse,
                 "statistic": "PR_Q - PR_K", **self.result.to_dict(),
                 "by_depth_init": self.by_cell.to_dicts()}
 
 
 def sign_test(store: Any, sweep: str, *, summary: str = "final", level: str = "trajectory",
               depth: int | None = None, init: str | None = None,
-              finished_only: bool = True, units: pl.DataFrame | None = None
-              ) -> SignTestReport:
+              finished_only: bool = True, units: pl.DataFrame | None = None,
+              window: str | float = "start") -> SignTestReport:
     """One-sided exact sign test that PR_Q - PR_K > 0 over trajectories or runs.
 
     ``units``: the output of :func:`pr_gap_units` at this level, if already computed.
+    ``window`` (see :func:`window_units`) restricts the probes the ``mean`` and ``all``
+    summaries use; ``final`` is the last probe in every window.
     """
     if units is None:
         units = pr_gap_units(store, sweep, level=level, depth=depth, init=init,
                              finished_only=finished_only)
+    window = parse_window(window)
+    units, cp = window_units(units, window, level=level)
     s = summarise_gap(units, summary=summary, level=level)
     res = stats.sign_test(s["value"].to_numpy())
     cells = []
@@ -269,7 +424,7 @@ def sign_test(store: Any, sweep: str, *, summary: str = "final", level: str = "t
         cells.append(dict(depth=d, init=i, n=r.n, n_positive=r.n_positive,
                           n_zero=r.n_zero, p_value=r.p_value))
     by_cell = pl.DataFrame(cells).sort(["depth", "init"])
-    return SignTestReport(sweep, level, summary, res, by_cell, s)
+    return SignTestReport(sweep, level, summary, res, by_cell, s, window, collapse_summary(cp))
 
 
 # --------------------------------------------------------------------------- slopes
@@ -282,12 +437,16 @@ class SlopesReport:
     pr_q: stats.SlopesResult
     pr_k: stats.SlopesResult
     gap: stats.SlopesResult
-    table: pl.DataFrame  # unit keys, slope_pr_q, slope_pr_k, slope_gap, n_probes
+    table: pl.DataFrame  # unit keys, [collapse_step,] slope_pr_q, slope_pr_k, slope_gap, ...
     by_cell: pl.DataFrame  # depth, init, n, mean slopes
+    window: str | float = "start"
+    collapse: dict[str, Any] | None = None
 
     def to_dict(self, *, with_table: bool = False) -> dict[str, Any]:
         d: dict[str, Any] = {"sweep": self.sweep, "level": self.level,
-                             "unit": "value per unit of training progress (step/max_steps)"}
+                             "unit": "value per unit of training progress (step/max_steps)",
+                             "window": self.window, "window_label": window_label(self.window),
+                             "collapse": self.collapse}
         for name in ("pr_q", "pr_k", "gap"):
             r = getattr(self, name).to_dict()
             r.pop("slopes")
@@ -301,11 +460,15 @@ class SlopesReport:
 
 def slopes(store: Any, sweep: str, *, level: str = "trajectory", depth: int | None = None,
            init: str | None = None, finished_only: bool = True,
-           units: pl.DataFrame | None = None) -> SlopesReport:
-    """Least-squares slopes of PR_Q, PR_K (and their gap) against progress per unit."""
+           units: pl.DataFrame | None = None, window: str | float = "start") -> SlopesReport:
+    """Least-squares slopes of PR_Q, PR_K (and their gap) against progress per unit, over
+    the probes inside ``window`` (see :func:`window_units`). A unit with fewer than two
+    probes in its window has slope NaN (counted in ``n_undefined``)."""
     if units is None:
         units = pr_gap_units(store, sweep, level=level, depth=depth, init=init,
                              finished_only=finished_only)
+    window = parse_window(window)
+    units, cp = window_units(units, window, level=level)
     keys = unit_keys(level)
     grouped = units.group_by(keys, maintain_order=True).agg(
         pl.col("progress"), pl.col("pr_q"), pl.col("pr_k"), pl.col("gap"),
@@ -316,12 +479,16 @@ def slopes(store: Any, sweep: str, *, level: str = "trajectory", depth: int | No
         pl.Series("slope_pr_q", res["pr_q"].slopes, dtype=pl.Float64),
         pl.Series("slope_pr_k", res["pr_k"].slopes, dtype=pl.Float64),
         pl.Series("slope_gap", res["gap"].slopes, dtype=pl.Float64))
+    if cp is not None:
+        table = table.join(cp, on=keys, how="left").select(
+            *keys, "collapse_step", "n_probes", "slope_pr_q", "slope_pr_k", "slope_gap")
     by_cell = table.group_by(["depth", "init"]).agg(
         pl.len().alias("n"), pl.col("slope_pr_q").mean().alias("mean_slope_pr_q"),
         pl.col("slope_pr_k").mean().alias("mean_slope_pr_k"),
         (pl.col("slope_pr_q") > 0).mean().alias("share_pr_q_up"),
         (pl.col("slope_pr_k") < 0).mean().alias("share_pr_k_down")).sort(["depth", "init"])
-    return SlopesReport(sweep, level, res["pr_q"], res["pr_k"], res["gap"], table, by_cell)
+    return SlopesReport(sweep, level, res["pr_q"], res["pr_k"], res["gap"], table, by_cell,
+                        window, collapse_summary(cp))
 
 
 # --------------------------------------------------------------------------- interventions

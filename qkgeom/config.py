@@ -22,7 +22,10 @@ class ConfigError(QkgeomError, ValueError):
 
 
 INITS = ("gaussian", "tied", "orthogonal")
-ARMS = ("none", "hold", "shrink")
+# shrink_act is the shrink arm at the activation site: the arm name fixes the site, so that
+# the two ways of contracting the keys are separate arms, each paired with the baseline
+ARMS = ("none", "hold", "shrink", "shrink_act")
+ACTIVATION_ARMS = ("shrink_act",)
 TARGET_MODES = ("init_fraction", "absolute", "baseline_fraction")
 SCHEDULES = ("linear", "cosine", "exp", "constant")
 SITES = ("weight", "activation")
@@ -40,8 +43,9 @@ class TrialConfig:
     init: str = "gaussian"  # Q/K initialisation: a key of qkgeom.model.QK_INITS
     init_std: float = 0.02  # std of the normal init of every weight matrix
     # --- intervention on the key spectrum (reconstructed) ---
-    arm: str = "none"  # none | hold | shrink (qkgeom.intervention.ARMS)
+    arm: str = "none"  # none | hold | shrink | shrink_act (shrink at the activation site)
     site: str = "weight"  # weight: reshape W_K's spectrum; activation: rescale k in forward
+    # (arm shrink_act always uses the activation site)
     target_mode: str = "init_fraction"  # init_fraction | absolute | baseline_fraction
     shrink_to: float = 0.5  # shrink: final target as a fraction (or absolute PR)
     shrink_schedule: str = "linear"  # linear | cosine | exp | constant: start -> final
@@ -53,7 +57,8 @@ class TrialConfig:
     batch_size: int = 64  # sequences per step
     lr: float = 1e-3  # peak learning rate (AdamW)
     min_lr: float = 1e-4  # floor of the cosine decay
-    warmup_steps: int = 100  # linear warm-up steps
+    warmup_steps: int = 100  # linear warm-up steps (used when warmup_frac is 0)
+    warmup_frac: float = 0.0  # warm-up as a fraction of max_steps; > 0 replaces warmup_steps
     weight_decay: float = 0.1  # AdamW weight decay on matrices
     beta1: float = 0.9
     beta2: float = 0.99
@@ -95,6 +100,8 @@ class TrialConfig:
             "orthogonal needs d_head = n_embd / n_head >= 2 (it splits each head's dimensions)",
         )
         need(self.arm in ARMS, "arm", f"unknown arm {self.arm!r}; choose from {ARMS}")
+        if self.arm in ACTIVATION_ARMS:
+            self.site = "activation"
         need(self.site in SITES, "site", f"unknown site {self.site!r}; choose from {SITES}")
         need(
             self.target_mode in TARGET_MODES,
@@ -112,6 +119,7 @@ class TrialConfig:
         need(self.lr > 0, "lr", "must be positive")
         need(self.min_lr >= 0, "min_lr", "must be non-negative")
         need(self.warmup_steps >= 0, "warmup_steps", "must be non-negative")
+        need(0 <= self.warmup_frac < 1, "warmup_frac", "must be in [0, 1)")
         need(self.probe_every > 0, "probe_every", "must be positive")
         need(self.eval_every > 0, "eval_every", "must be positive")
         need(self.log_every > 0, "log_every", "must be positive")
@@ -130,6 +138,13 @@ class TrialConfig:
     @property
     def d_head(self) -> int:
         return self.n_embd // self.n_head
+
+    @property
+    def warmup(self) -> int:
+        """Warm-up length in steps: ``round(warmup_frac * max_steps)`` when warmup_frac > 0."""
+        if self.warmup_frac > 0:
+            return int(round(self.warmup_frac * self.max_steps))
+        return self.warmup_steps
 
     # ------------------------------------------------------------------ (de)serialise
     def to_dict(self) -> dict[str, Any]:
@@ -205,10 +220,14 @@ def coerce(cls: type, key: str, value: Any) -> Any:
 
 # ---------------------------------------------------------------------- presets
 #
-# smoke: a trial in a few seconds on one CPU core (tests).
-# cpu:   scaled down so the cpu sweep (3 depths x 3 inits x 2 seeds + 3 arms x 3 seeds)
-#        finishes in about an hour on 2 cores; see docs/benchmarks.md for the measurement.
+# smoke: a trial in a few seconds on one CPU core (tests); its optimiser is not the paper's.
+# cpu:   the study scaled to a 2-core machine (n_embd 64, context 64, 1,500 steps) with the
+#        paper preset's optimiser: peak lr 1e-3, cosine floor 1e-4, warm-up 4% of training
+#        (the paper preset's 200 of 5,000 steps), AdamW weight decay 0.1, betas (0.9, 0.99).
+#        Model scale and learning rate are the factors of the ladder in docs/findings.md.
 # paper: PAPER.md's reconstructed settings, GPU scale.
+PAPER_OPTIMISER: dict[str, Any] = dict(lr=1e-3, min_lr=1e-4, warmup_frac=0.04,
+                                       weight_decay=0.1, beta1=0.9, beta2=0.99)
 PRESETS: dict[str, dict[str, Any]] = {
     "smoke": dict(
         n_layer=2, n_embd=32, n_head=2, block_size=32, batch_size=8, max_steps=40,
@@ -217,13 +236,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     ),
     "cpu": dict(
         n_layer=4, n_embd=64, n_head=4, block_size=64, batch_size=32, max_steps=1500,
-        warmup_steps=50, probe_every=100, eval_every=100, eval_batches=4, test_batches=16,
-        probe_batch=8, lr=3e-3, min_lr=3e-4, threads=1,
+        probe_every=100, eval_every=100, eval_batches=4, test_batches=16, probe_batch=8,
+        threads=1, **PAPER_OPTIMISER,
     ),
     "paper": dict(
         n_layer=6, n_embd=256, n_head=4, block_size=256, batch_size=64, max_steps=5000,
-        warmup_steps=200, probe_every=250, eval_every=250, eval_batches=16, test_batches=64,
-        probe_batch=16, lr=1e-3, min_lr=1e-4,
+        probe_every=250, eval_every=250, eval_batches=16, test_batches=64, probe_batch=16,
+        **PAPER_OPTIMISER,
     ),
 }
 

@@ -1,4 +1,5 @@
-"""Training-time control of the key spectrum: the arms ``none``, ``hold`` and ``shrink``.
+"""Training-time control of the key spectrum: the arms ``none``, ``hold``, ``shrink`` and
+``shrink_act`` (``shrink`` at the activation site).
 
 Two sites (``cfg.site``):
 
@@ -15,7 +16,8 @@ Targets (``cfg.target_mode``), with ``g(t)`` the schedule going from 1 to ``cfg.
 
 * ``init_fraction``: ``g(t) * PR_0`` (PR_0 = the layer's PR at step 0),
 * ``baseline_fraction``: ``g(t) * PR_baseline(step)`` from ``cfg.baseline_pr`` (the paired
-  baseline run of the same seed, interpolated in step),
+  baseline run of the same seed, interpolated in step): its W_K weight PR (``pr_wk``) at
+  the weight site, its key-activation PR (``pr_k``) at the activation site, per layer,
 * ``absolute``: moves from ``PR_0`` to the absolute value ``cfg.shrink_to``.
 
 ``hold`` always targets ``PR_0``. A target outside what a power map can reach (between 1 and
@@ -150,7 +152,12 @@ class KeySpectrumControl:
             return
         if self.cfg.site == "activation":
             for sh in self.shapers:
-                sh.refresh(self, step)
+                sh.observe_pr0()
+            if any(sh.pr0 is None for sh in self.shapers):
+                return  # no training batch seen yet
+            tgt = self.target(step, [sh.pr0 for sh in self.shapers])  # one per layer
+            for sh, t in zip(self.shapers, tgt):
+                sh.refresh(t)
             return
         assert self.pr0 is not None
         tgt = self.target(step, self.pr0)
@@ -182,6 +189,18 @@ class KeySpectrumControl:
         self.pr0, self.last_target = state["pr0"], state["last_target"]
         for sh, st in zip(self.shapers, state["shapers"]):
             sh.load_state_dict(st)
+
+
+def power_map(lam: Tensor, v: Tensor, target: Tensor) -> Tensor:
+    """``A = V diag(sqrt(lam'/lam)) V^T`` with ``lam' = c * lam**p``, PR(lam') = target and
+    ``sum lam' = sum lam``: the linear map on centred keys whose output covariance
+    ``A^T C A`` (C = V diag(lam) V^T) has the reshaped spectrum. ``lam [C]``, ``v [C, C]``."""
+    p = solve_power(lam[None], target)[0]
+    ln = lam / lam.max().clamp_min(1e-300)
+    lp = torch.where(ln > 0, ln.clamp_min(1e-300) ** p, torch.zeros_like(ln))
+    lp = lp * lam.sum() / lp.sum().clamp_min(1e-300)  # keep total variance
+    gain = torch.sqrt(lp / lam.clamp_min(1e-30)) * (lam > 0)
+    return (v * gain) @ v.T
 
 
 class _KeyShaper:
@@ -217,20 +236,21 @@ class _KeyShaper:
         return out.view(b, t, nh, hs).transpose(1, 2)
 
     @torch.no_grad()
-    def refresh(self, control: KeySpectrumControl, step: int) -> None:
+    def observe_pr0(self) -> None:
+        """Record the PR of the first running covariance (the layer's step-0 key PR)."""
+        if self.pr0 is None and self.cov is not None:
+            lam = torch.linalg.eigvalsh(self.cov).clamp_min(0)
+            self.pr0 = float(lam.sum() ** 2 / (lam * lam).sum())
+
+    @torch.no_grad()
+    def refresh(self, target: float) -> None:
+        """Rebuild the map so that the shaped running covariance has PR ``target``."""
         if self.cov is None:
             return
         lam, v = torch.linalg.eigh(self.cov)
         lam = lam.clamp_min(0)
-        if self.pr0 is None:
-            self.pr0 = float(lam.sum() ** 2 / (lam * lam).sum())
-        self.target = control.target(step, [self.pr0])[0]
-        p = solve_power(lam[None], torch.tensor([self.target], dtype=lam.dtype))[0]
-        ln = lam / lam.max().clamp_min(1e-300)
-        lp = torch.where(ln > 0, ln.clamp_min(1e-300) ** p, torch.zeros_like(ln))
-        lp = lp * lam.sum() / lp.sum().clamp_min(1e-300)  # keep total variance
-        gain = torch.sqrt(lp / lam.clamp_min(1e-30)) * (lam > 0)
-        self.a = (v * gain) @ v.T
+        self.target = float(target)
+        self.a = power_map(lam, v, torch.tensor([self.target], dtype=lam.dtype))
 
     def state_dict(self) -> dict:
         return {k: getattr(self, k) for k in ("mean", "cov", "a", "pr0", "target")}

@@ -18,8 +18,8 @@ from qkgeom.errors import QkgeomError
 
 PROGRESS_BINS = 40  # progress is rounded to multiples of 1/40 before plotting
 MAX_POINTS = 4000  # scatter points kept (altair inlines every row)
-ARM_ORDER = ["none", "hold", "shrink"]
-ARM_COLORS = ["#4c4c4c", "#1f77b4", "#d62728"]
+ARM_ORDER = ["none", "hold", "shrink", "shrink_act"]
+ARM_COLORS = ["#4c4c4c", "#1f77b4", "#d62728", "#ff7f0e"]
 METRIC_TITLES = {
     "pr_q": "PR_Q (query activations)",
     "pr_k": "PR_K (key activations)",

@@ -34,8 +34,9 @@ METRICS: dict[str, dict[str, Any]] = {
                     "over heads"),
     "entropy_norm": dict(per_head=True, unit="ratio", doc="entropy / log(k visible), mean over "
                          "rows with >= 2 visible keys; 1 = uniform"),
-    "wk_target_pr": dict(per_head=False, unit="dims", doc="intervention target for W_K's "
-                         "weight PR at this step (arms hold and shrink only)"),
+    "wk_target_pr": dict(per_head=False, unit="dims", doc="intervention target at this step: "
+                         "W_K's weight PR at the weight site, the key-activation PR at the "
+                         "activation site (arms only)"),
 }
 
 

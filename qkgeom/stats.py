@@ -143,6 +143,31 @@ def ols_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return b, float(ym - b * xm)
 
 
+# The initial collapse is searched for in the first half of training: both PRs fall from
+# their random-init values within the first few probes (PAPER.md: ~17 -> ~2 in the first
+# 100 of 1,500 steps), while later minima of PR_Q + PR_K are slow drifts, not the collapse.
+COLLAPSE_SEARCH = 0.5
+
+
+def collapse_index(progress: Any, total: Any, *, search: float = COLLAPSE_SEARCH) -> int:
+    """Index of the probe that ends the initial collapse of one trajectory.
+
+    ``progress`` (ascending, step / max_steps) and ``total`` (PR_Q + PR_K at each probe)
+    are 1-D and of equal length. The collapse point is the probe with the lowest ``total``
+    among the probes with ``progress <= search``; the earliest one on ties; non-finite
+    values are ignored. Returns -1 when no probe qualifies.
+    """
+    p = np.asarray(progress, dtype=float).ravel()
+    t = np.asarray(total, dtype=float).ravel()
+    if p.shape != t.shape:
+        raise ValueError(f"progress has {p.size} points but total has {t.size}")
+    ok = np.isfinite(p) & np.isfinite(t) & (p <= search)
+    if not ok.any():
+        return -1
+    idx = np.flatnonzero(ok)
+    return int(idx[np.argmin(t[idx])])  # argmin returns the first minimum
+
+
 def slopes(progress: Sequence[Any], values: Sequence[Any]) -> SlopesResult:
     """Slope of ``values`` against ``progress`` for each trajectory, plus a summary.
 

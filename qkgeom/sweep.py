@@ -28,7 +28,7 @@ must yield trials)::
 
 Trial keys are deterministic: ``d{depth}-{init}-{arm}-s{seed}``, e.g. ``d4-gaussian-none-s0``.
 An arm whose config uses ``target_mode: baseline_fraction`` needs its paired baseline's
-W_K PR trajectory; such trials are marked ``needs_baseline`` and run after the baselines.
+PR trajectory (W_K weight PR; key-activation PR_K for the activation site); such trials are marked ``needs_baseline`` and run after the baselines.
 """
 
 from __future__ import annotations
@@ -69,30 +69,48 @@ def check_keys(d: dict[str, Any], valid: list[str], what: str) -> None:
 
 
 # ---------------------------------------------------------------------- presets
+# The arms of every study preset (docs/sweeps.md, "Arms and their targets"): ``shrink``
+# and ``shrink_act`` contract relative to the paired baseline of the same seed (its W_K
+# weight PR for shrink, its key-activation PR_K for shrink_act), to half of it by the end;
+# ``hold`` keeps the layer's step-0 W_K PR.
+STUDY_ARM_OVERRIDES: dict[str, dict[str, Any]] = {
+    "shrink": {"target_mode": "baseline_fraction", "shrink_to": 0.5},
+    "shrink_act": {"target_mode": "baseline_fraction", "shrink_to": 0.5},
+}
+STUDY_ARMS = ["none", "hold", "shrink", "shrink_act"]
+PAPER_SEEDS = {"grid": [0, 1, 2, 3], "arms": [0, 1, 2, 3, 4]}  # PAPER.md: 4 and 5 seeds
+
 SWEEP_PRESETS: dict[str, dict[str, Any]] = {
-    # tiny, for tests: 4 grid trials + 4 arm trials + 1 extra baseline, seconds each
+    # tiny, for tests: 4 grid trials + 1 extra baseline + 3 arms x 2 seeds, seconds each
+    # (2 paired seeds, not 5: the smoke sweep runs in the test suite)
     "smoke": {
         "name": "smoke",
         "trial": {"preset": "smoke", "overrides": {}},
         "grid": {"depths": [1, 2], "inits": ["gaussian", "orthogonal"], "seeds": [0]},
-        "interventions": {"depth": 2, "init": "gaussian", "arms": ["hold", "shrink"],
-                          "seeds": [0, 1]},
+        "interventions": {"depth": 2, "init": "gaussian",
+                          "arms": ["hold", "shrink", "shrink_act"], "seeds": [0, 1],
+                          "arm_overrides": copy.deepcopy(STUDY_ARM_OVERRIDES)},
     },
-    # the study scaled to a 2-core machine in about an hour (see docs/benchmarks.md)
+    # the study scaled to a 2-core machine: 18 grid trials + 3 extra baselines + 3 arms x 5
+    # seeds = 36 trials. Two grid seeds, not the paper's four, so that the whole study fits
+    # 60 min on 2 cores even at the slower of the two measured speeds of the old study
+    # (docs/sweeps.md, "Time budget")
     "cpu": {
         "name": "cpu",
         "trial": {"preset": "cpu", "overrides": {}},
         "grid": {"depths": [2, 3, 4], "inits": list(INITS), "seeds": [0, 1]},
-        "interventions": {"depth": 4, "init": "gaussian", "arms": ["none", "hold", "shrink"],
-                          "seeds": [0, 1, 2]},
+        "interventions": {"depth": 4, "init": "gaussian", "arms": STUDY_ARMS,
+                          "seeds": PAPER_SEEDS["arms"],
+                          "arm_overrides": copy.deepcopy(STUDY_ARM_OVERRIDES)},
     },
     # PAPER.md: 36 geometry runs + 3 arms x 5 seeds at depth 6, gaussian init
     "paper": {
         "name": "paper",
         "trial": {"preset": "paper", "overrides": {}},
-        "grid": {"depths": [4, 6, 8], "inits": list(INITS), "seeds": [0, 1, 2, 3]},
-        "interventions": {"depth": 6, "init": "gaussian", "arms": ["none", "hold", "shrink"],
-                          "seeds": [0, 1, 2, 3, 4]},
+        "grid": {"depths": [4, 6, 8], "inits": list(INITS), "seeds": PAPER_SEEDS["grid"]},
+        "interventions": {"depth": 6, "init": "gaussian", "arms": STUDY_ARMS,
+                          "seeds": PAPER_SEEDS["arms"],
+                          "arm_overrides": copy.deepcopy(STUDY_ARM_OVERRIDES)},
     },
 }
 
@@ -406,6 +424,24 @@ def build_plan(spec: dict[str, Any], *, name: str | None = None, data: str | Non
     return SweepPlan(sweep_name, normalised, all_trials, snapshots=policy)
 
 
+def plan_summary(plan: SweepPlan) -> dict[str, Any]:
+    """What a plan runs, without running it (``qkgeom sweep --dry-run``): trial counts,
+    the seeds of every arm, and the distinct values of the scale and optimiser settings."""
+    arms: dict[str, list[int]] = {}
+    for t in plan.trials:
+        arms.setdefault(t.arm, []).append(t.seed)
+    settings = {}
+    for k in ("n_layer", "n_embd", "n_head", "block_size", "max_steps", "batch_size", "lr",
+              "min_lr", "warmup", "weight_decay", "beta1", "beta2"):
+        vals = {TrialConfig.from_dict(t.config).warmup if k == "warmup" else t.config[k]
+                for t in plan.trials}
+        settings[k] = sorted(vals)
+    return {"name": plan.name, "n_trials": len(plan.trials),
+            "n_after_baselines": sum(t.needs_baseline for t in plan.trials),
+            "arms": {a: sorted(set(s)) for a, s in arms.items()},
+            "trials_per_arm": {a: len(s) for a, s in arms.items()}, "settings": settings}
+
+
 def plan_from(preset: str | None = None, spec_file: str | Path | None = None, *,
               name: str | None = None, data: str | None = None,
               sets: list[str] | tuple[str, ...] = (),
@@ -424,9 +460,16 @@ def plan_from(preset: str | None = None, spec_file: str | Path | None = None, *,
     return build_plan(spec, name=name, data=data, sets=sets, snapshots=snapshots)
 
 
+def baseline_metric(config: dict[str, Any]) -> str:
+    """The baseline metric a ``baseline_fraction`` target follows: the W_K weight PR at the
+    weight site, the key-activation PR (heads concatenated) at the activation site."""
+    return "pr_k" if config.get("site") == "activation" else "pr_wk"
+
+
 def fill_baseline_pr(config: dict[str, Any], pr_rows: list[tuple[int, int, float]]
                      ) -> dict[str, Any]:
-    """Return ``config`` with ``baseline_pr`` built from (step, layer, pr_wk) rows."""
+    """Return ``config`` with ``baseline_pr`` built from (step, layer, value) rows of the
+    paired baseline's :func:`baseline_metric`."""
     by_step: dict[int, dict[int, float]] = {}
     for step, layer, value in pr_rows:
         by_step.setdefault(int(step), {})[int(layer)] = float(value)
@@ -438,7 +481,8 @@ def fill_baseline_pr(config: dict[str, Any], pr_rows: list[tuple[int, int, float
             continue
         traj.append([step, [layers[i] for i in range(n_layer)]])
     if not traj:
-        raise SpecError("baseline_pr: the paired baseline has no layer-level pr_wk rows")
+        raise SpecError(f"baseline_pr: the paired baseline has no layer-level "
+                        f"{baseline_metric(config)} rows")
     out = dict(config)
     out["baseline_pr"] = traj
     TrialConfig.from_dict(out)

@@ -50,11 +50,13 @@ def pick_device(cfg: TrialConfig) -> torch.device:
 
 
 def lr_at(cfg: TrialConfig, step: int) -> float:
-    """Linear warm-up to ``cfg.lr``, then cosine decay to ``cfg.min_lr`` at ``max_steps``."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / (cfg.warmup_steps + 1)
-    span = max(cfg.max_steps - cfg.warmup_steps, 1)
-    u = min((step - cfg.warmup_steps) / span, 1.0)
+    """Linear warm-up to ``cfg.lr`` over ``cfg.warmup`` steps, then cosine decay to
+    ``cfg.min_lr`` at ``max_steps``."""
+    warmup = cfg.warmup
+    if step < warmup:
+        return cfg.lr * (step + 1) / (warmup + 1)
+    span = max(cfg.max_steps - warmup, 1)
+    u = min((step - warmup) / span, 1.0)
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * u))
 
 

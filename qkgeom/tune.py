@@ -50,7 +50,7 @@ from ray import tune
 from ray.tune import Callback
 
 from qkgeom.errors import QkgeomError
-from qkgeom.sweep import SweepPlan, TrialSpec, build_plan, fill_baseline_pr
+from qkgeom.sweep import SweepPlan, TrialSpec, baseline_metric, build_plan, fill_baseline_pr
 
 # Driver-process state that must never be pickled into the experiment (see module doc).
 _DRIVER: dict[str, Any] = {}
@@ -196,11 +196,14 @@ def trainable(config: dict[str, Any], db_url: str | None = None,
     try:
         ckpt = tune.get_checkpoint()
         if ckpt is None:
-            train(cfg, report, checkpoint_dir=scratch, corpus=corpus, **snaps)
+            result = train(cfg, report, checkpoint_dir=scratch, corpus=corpus, **snaps)
         else:
             with ckpt.as_directory() as d:
-                train(cfg, report, checkpoint_dir=scratch, resume_from=d, corpus=corpus,
-                      **snaps)
+                result = train(cfg, report, checkpoint_dir=scratch, resume_from=d,
+                               corpus=corpus, **snaps)
+        # one last result, no record: DbWriter stores the trial's final test loss
+        tune.report({"step": cfg.max_steps, "max_steps": cfg.max_steps, "record": "",
+                     "test_loss": result.test_loss, **where})
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         if direct is not None:
@@ -298,6 +301,8 @@ class DbWriter(Callback):
         if result.get("snapshot") and result.get("step") is not None:
             self.store.add_checkpoint(tid, int(result["step"]), result["snapshot"],
                                       kind="snapshot")
+        if "test_loss" in result:
+            self.store.set_trial_result(tid, test_loss=result["test_loss"])
 
     def on_checkpoint(self, iteration: int, trials: list, trial: Any, checkpoint: Any,
                       **info: Any) -> None:
@@ -599,21 +604,23 @@ def _with_threads(t: TrialSpec, threads: int) -> dict[str, Any]:
     return d
 
 
-def _baseline_prs(db_url: str, sweep: str, plan: SweepPlan) -> dict[str, list]:
-    """Layer-level pr_wk rows (step, layer, value) of every baseline an arm needs."""
+def _baseline_prs(db_url: str, sweep: str, plan: SweepPlan) -> dict[tuple[str, str], list]:
+    """(baseline key, metric) -> layer-level rows (step, layer, value) that the arms need
+    (metric: :func:`qkgeom.sweep.baseline_metric` of the arm's config)."""
     from qkgeom.store import open_store
 
-    keys = sorted({t.baseline_key for t in plan.trials if t.needs_baseline and t.baseline_key})
-    out: dict[str, list] = {}
+    keys = sorted({(t.baseline_key, baseline_metric(t.config)) for t in plan.trials
+                   if t.needs_baseline and t.baseline_key})
+    out: dict[tuple[str, str], list] = {}
     store = open_store(db_url)
     try:
         sid = store.require_sweep(sweep)
-        for k in keys:
+        for k, metric in keys:
             tid = store.trial_id(sid, k)
             df = store.sql(
                 "SELECT step, layer, value FROM probe_metrics WHERE trial_id = :t "
-                "AND metric = 'pr_wk' AND head IS NULL ORDER BY step, layer", {"t": tid})
-            out[k] = list(df.iter_rows())
+                "AND metric = :m AND head IS NULL ORDER BY step, layer", {"t": tid, "m": metric})
+            out[(k, metric)] = list(df.iter_rows())
     finally:
         store.close()
     return out
@@ -714,7 +721,8 @@ def run_sweep(plan: SweepPlan, opts: SweepOptions) -> dict[str, Any]:
         prs = _baseline_prs(db_url, plan.name, plan)
         filled = []
         for t in later:
-            cfg = fill_baseline_pr(t.config, prs.get(t.baseline_key or "", []))
+            cfg = fill_baseline_pr(t.config,
+                                   prs.get((t.baseline_key or "", baseline_metric(t.config)), []))
             filled.append(TrialSpec.from_dict(dict(t.to_dict(), config=cfg)))
         _store_configs(db_url, plan.name, filled, threads)
         say(f"sweep {plan.name}: {len(filled)} arm trial(s) with baseline-relative targets")

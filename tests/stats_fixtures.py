@@ -151,3 +151,54 @@ def write_pretrained_family(url: str, model: str = "synthetic/pythia-like", *,
             store.write_pretrained(model, f"step{step}", step, {"synthetic": True}, rows)
     finally:
         store.close()
+
+
+def collapse_curve(step: int, collapse: int, max_steps: int, *, q_up: float = 3.0,
+                   k_down: float = 0.5, offset: float = 0.0) -> tuple[float, float]:
+    """(PR_Q, PR_K) of a trajectory whose initial collapse ends at step ``collapse``.
+
+    Before it both fall linearly (PR_Q 17 -> 2, PR_K 18 -> 1.5; the gap PR_Q - PR_K is
+    negative for the first two thirds of the fall); after it PR_Q rises by ``q_up`` and
+    PR_K falls by ``k_down`` per unit of progress, so PR_Q + PR_K is lowest exactly at
+    ``collapse`` (when ``q_up > k_down``).
+    """
+    if step <= collapse:
+        u = step / collapse
+        return 17 - 15 * u + offset, 18 - 16.5 * u + offset
+    dp = (step - collapse) / max_steps
+    return 2 + q_up * dp + offset, 1.5 - k_down * dp + offset
+
+
+def make_collapse_db(url: str, *, sweep: str = "collapse", depths: tuple[int, ...] = (2, 3),
+                     inits: tuple[str, ...] = ("gaussian", "tied"), seeds: tuple[int, ...] = (0, 1),
+                     max_steps: int = 100, probe_every: int = 5) -> dict[str, Any]:
+    """A geometry grid whose (depth, init, layer) trajectories collapse at a known step:
+    ``10 + 5 * layer`` (seeds differ by a constant offset, which keeps the point)."""
+    from qkgeom.store import open_store
+
+    steps = list(range(0, max_steps + 1, probe_every))
+    store = open_store(url)
+    try:
+        sid = store.ensure_sweep(sweep, {"synthetic": "collapse"}, "synthetic")
+        for depth in depths:
+            for init in inits:
+                for seed in seeds:
+                    key = f"d{depth}-{init}-none-s{seed}"
+                    tid = store.ensure_trial(sid, key, {"max_steps": max_steps}, depth=depth,
+                                             init=init, arm="none", seed=seed)
+                    recs = []
+                    for step in steps:
+                        rows: list[tuple[int, int | None, str, float]] = []
+                        for layer in range(depth):
+                            q, k = collapse_curve(step, 10 + 5 * layer, max_steps,
+                                                  offset=0.1 * seed)
+                            rows += [(layer, None, "pr_q", q), (layer, None, "pr_k", k)]
+                        recs.append(ProbeRecord(step=step, progress=step / max_steps,
+                                                tokens=step, train_loss=1.0, val_loss=1.0,
+                                                lr=1e-3, tokens_per_s=1.0, metrics=rows))
+                    store.write_probes(tid, recs)
+                    store.set_trial_status(tid, "terminated")
+    finally:
+        store.close()
+    return {"sweep": sweep, "steps": steps, "max_steps": max_steps,
+            "collapse": {layer: 10 + 5 * layer for layer in range(max(depths))}}

@@ -104,34 +104,52 @@ def assert_sweep_complete(db: str, sweep: str, plan) -> None:  # type: ignore[no
     bad = trials.filter(trials["status"] != "terminated")
     assert bad.height == 0, bad.select("trial_key", "status", "error").to_dicts()
     counts = probe_counts(db, sweep)
+    # an arm with a baseline-relative target runs with the baseline_pr filled in from the
+    # database: the stored config, not the plan's placeholder, is what it trained with
+    import json
+
+    stored = {k: json.loads(c) for k, c in zip(trials["trial_key"], trials["config"])}
     for t in plan.trials:
         n_probe = plan.probes_per_trial(t.key)
-        n_metric = metric_rows(t)
+        n_metric = metric_rows(t, stored[t.key] if t.needs_baseline else None)
         assert counts[t.key] == (n_probe, n_metric), (t.key, counts[t.key], n_probe, n_metric)
 
 
-def metric_rows(t) -> int:  # type: ignore[no-untyped-def]
-    """Metric rows trial spec ``t`` writes in all (from a real uninterrupted run)."""
-    return sum(len(r.metrics) for r in reference_records(t.config))
+def metric_rows(t, config: dict | None = None) -> int:  # type: ignore[no-untyped-def]
+    """Metric rows trial spec ``t`` (run with ``config``, default its own) writes in all
+    (from a real uninterrupted run)."""
+    return sum(len(r.metrics) for r in reference_records(config or t.config))
 
 
 _REF_CACHE: dict[str, list] = {}
+_REF_TEST_LOSS: dict[str, float] = {}
+
+
+def _ref_key(config: dict) -> tuple[str, dict]:
+    import json
+
+    cfg = dict(config, device="cpu", fail_at_step=-1, threads=1)
+    return json.dumps(cfg, sort_keys=True), cfg
 
 
 def reference_records(config: dict) -> list:
     """The probe records of a direct, uninterrupted ``train()`` of ``config`` (cached)."""
-    import json
-
     from qkgeom.config import TrialConfig
     from qkgeom.train import train
 
-    cfg = dict(config, device="cpu", fail_at_step=-1, threads=1)
-    key = json.dumps(cfg, sort_keys=True)
+    key, cfg = _ref_key(config)
     if key not in _REF_CACHE:
         recs: list = []
-        train(TrialConfig.from_dict(cfg), lambda r, c: recs.append(r))
+        result = train(TrialConfig.from_dict(cfg), lambda r, c: recs.append(r))
         _REF_CACHE[key] = recs
+        _REF_TEST_LOSS[key] = result.test_loss
     return _REF_CACHE[key]
+
+
+def reference_test_loss(config: dict) -> float:
+    """The final test loss of the same direct, uninterrupted ``train()`` (cached)."""
+    reference_records(config)
+    return _REF_TEST_LOSS[_ref_key(config)[0]]
 
 
 def assert_matches_reference(db: str, sweep: str, keys: list[str] | None = None,
@@ -162,5 +180,9 @@ def assert_matches_reference(db: str, sweep: str, keys: list[str] | None = None,
                         assert abs(w - v) <= tol * max(1.0, abs(v)), \
                             (row["trial_key"], g.step, k, w, v)
                 assert abs(g.val_loss - r.val_loss) <= tol * max(1.0, abs(r.val_loss))
+            ref_test = reference_test_loss(json.loads(row["config"]))
+            assert row["test_loss"] is not None, row["trial_key"]
+            assert abs(row["test_loss"] - ref_test) <= tol * max(1.0, abs(ref_test)), \
+                (row["trial_key"], row["test_loss"], ref_test)
             checked += 1
     return checked

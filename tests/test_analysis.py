@@ -300,3 +300,103 @@ def test_commands_on_a_real_smoke_sweep(smoke_db: str, tmp_path: Path):
     rep = json.loads((tmp_path / "rep" / "report.json").read_text())
     assert {c["verdict"] for c in rep["claims"]} <= {"holds", "does not hold",
                                                       "not enough data"}
+    # by construction, not a training outcome: a baseline-fraction shrink arm ends with
+    # W_K PR at half of its paired baseline's in every seed
+    v = {c["key"]: c["verdict"] for c in rep["claims"]}
+    assert v["reality-check"] == "holds"
+    assert rep["scale"]["n_embd"] == [32] and rep["scale"]["lr"] == [0.003]
+    for window in ("collapse", "0.5"):
+        d = run_json("stats", "slopes", "--db", smoke_db, "--from", window)
+        assert d["pr_q"]["n"] + d["pr_q"]["n_undefined"] == n_traj
+
+
+# --------------------------------------------------------------------------- trend windows
+
+
+@pytest.fixture(scope="module")
+def collapsing(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
+    """Trajectories that collapse at step 10 + 5 * layer, then PR_Q rises and PR_K falls."""
+    from stats_fixtures import make_collapse_db
+
+    url = "sqlite:///" + str(tmp_path_factory.mktemp("collapse") / "collapse.db")
+    return url, make_collapse_db(url)
+
+
+def _np_window_slopes(info: dict, depth: int, init: str, layer: int, first_step: int
+                      ) -> tuple[float, float]:
+    """numpy reference: np.polyfit of the seed-mean PR_Q / PR_K over steps >= first_step."""
+    import numpy as np
+    from stats_fixtures import collapse_curve
+
+    steps = [s for s in info["steps"] if s >= first_step]
+    p = np.array(steps) / info["max_steps"]
+    qk = np.array([[collapse_curve(s, info["collapse"][layer], info["max_steps"],
+                                   offset=0.1 * seed) for s in steps] for seed in (0, 1)])
+    mean = qk.mean(0)  # (steps, 2)
+    return float(np.polyfit(p, mean[:, 0], 1)[0]), float(np.polyfit(p, mean[:, 1], 1)[0])
+
+
+def test_collapse_points_are_found_per_trajectory(collapsing):
+    from qkgeom import analysis as A
+    from qkgeom.store import open_store
+
+    url, info = collapsing
+    with open_store(url, create=False, readonly=True) as store:
+        units = A.pr_gap_units(store, "collapse")
+        run_units = A.pr_gap_units(store, "collapse", level="run")
+    cp = A.collapse_points(units, level="trajectory")
+    assert cp.height == 2 * (2 + 3)  # (depth, init, layer) trajectories
+    for r in cp.iter_rows(named=True):
+        assert r["collapse_step"] == info["collapse"][r["layer"]], r
+        assert r["collapse_progress"] == pytest.approx(r["collapse_step"] / 100)
+    rcp = A.collapse_points(run_units, level="run")  # each seed's own curve, same point
+    assert rcp.height == 2 * cp.height
+    assert all(r["collapse_step"] == info["collapse"][r["layer"]] for r in rcp.iter_rows(
+        named=True))
+
+
+@pytest.mark.parametrize("window", ["start", "collapse", "0.5"])
+def test_slopes_over_a_window_match_numpy_polyfit(collapsing, window):
+    url, info = collapsing
+    d = run_json("stats", "slopes", "--db", url, "--from", window)
+    assert d["window"] == (0.5 if window == "0.5" else window)
+    assert len(d["slopes"]) == 10
+    for u in d["slopes"]:
+        first = {"start": 0, "collapse": info["collapse"][u["layer"]], "0.5": 50}[window]
+        q, k = _np_window_slopes(info, u["depth"], u["init"], u["layer"], first)
+        assert u["slope_pr_q"] == pytest.approx(q, rel=1e-9, abs=1e-9)
+        assert u["slope_pr_k"] == pytest.approx(k, rel=1e-9, abs=1e-9)
+        if window == "collapse":
+            assert u["collapse_step"] == first
+            assert (u["slope_pr_q"], u["slope_pr_k"]) == (pytest.approx(3.0), pytest.approx(-0.5))
+    if window == "start":  # a line from step 0 measures the collapse: PR_Q "falls"
+        assert d["pr_q"]["share_positive"] == 0.0
+    if window == "collapse":
+        assert d["collapse"]["step_min"] == 10 and d["collapse"]["step_max"] == 20
+
+
+def test_sign_test_window_changes_all_probes_summary(collapsing):
+    url, _ = collapsing
+    start = run_json("stats", "sign-test", "--db", url, "--summary", "all")
+    after = run_json("stats", "sign-test", "--db", url, "--summary", "all", "--from",
+                     "collapse")
+    # the gap is negative early in the collapse, positive from the collapse point on
+    assert (start["n"], start["n_positive"]) == (10, 0)
+    assert (after["n"], after["n_positive"]) == (10, 10) and after["window"] == "collapse"
+    assert after["p_value"] == 2.0**-10
+    final = [run_json("stats", "sign-test", "--db", url, "--from", w)["n_positive"]
+             for w in ("start", "collapse", "0.3")]
+    assert final == [10, 10, 10]  # the final probe is in every window
+    code, out = run("stats", "sign-test", "--db", url, "--summary", "all", "--from", "collapse")
+    assert code == 0 and "10 of 10 positive" in out and "collapse points of 10 units" in out
+    code, out = run("stats", "slopes", "--db", url, "--from", "collapse", "--level", "run")
+    assert code == 0 and "end of the initial collapse" in out
+
+
+@pytest.mark.parametrize("bad", ["middle", "1.0", "-0.1"])
+def test_bad_window_is_one_line_error(collapsing, bad):
+    url, _ = collapsing
+    for cmd in ("slopes", "sign-test"):
+        code, out = run("stats", cmd, "--db", url, "--from", bad)
+        assert code != 0 and "--from" in out and "start, collapse" in out
+        assert "Traceback" not in out

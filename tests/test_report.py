@@ -39,8 +39,8 @@ def test_report_files_and_verdicts(planted_report):
                  "fig-intervention.png", "fig-correlation.png"):
         assert (out / name).stat().st_size > 500, name
     v = verdicts(out)
-    assert v == {"2-gap": "holds", "2-slopes": "holds", "3": "holds", "4-shrink": "holds",
-                 "4-hold": "holds", "reality-check": "holds", "5": "holds"}
+    assert v == {"2-gap": "holds", "2-slopes": "holds", "2-slopes-collapse": "holds", "3": "holds",
+                 "4-shrink": "holds", "4-hold": "holds", "reality-check": "holds", "5": "holds"}
 
 
 def test_html_is_self_contained(planted_report):
@@ -156,3 +156,78 @@ def test_report_correlation_rows_per_depth_with_cis(planted_report):
     for r in rows:
         lo, rho, hi = float(r[6]), float(r[5]), float(r[7])
         assert lo <= rho <= hi
+
+
+def test_report_states_its_scale_and_optimiser_beside_the_papers(tmp_path):
+    from qkgeom.config import preset
+    from qkgeom.store import open_store
+
+    url = "sqlite:///" + str(tmp_path / "s.db")
+    make_synthetic_db(url, sweep="scaled", seeds=5, depths=(2,), inits=("gaussian",))
+    cpu = preset("cpu").to_dict()
+    with open_store(url) as store:  # give the trials real configs (the cpu preset's)
+        sid = store.sweep_id("scaled")
+        for r in store.trials("scaled").iter_rows(named=True):
+            cfg = dict(cpu, n_layer=r["depth"], init=r["init"], arm=r["arm"], seed=r["seed"])
+            store.ensure_trial(sid, r["trial_key"], cfg, depth=r["depth"], init=r["init"],
+                               arm=r["arm"], seed=r["seed"])
+    out = tmp_path / "rep"
+    assert invoke("report", "--db", url, "--out", str(out)).exit_code == 0
+    md = (out / "report.md").read_text()
+    header = md.split("## Scale and optimiser, beside the paper's", 1)[1].split("## Claims", 1)[0]
+    rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:4]]
+            for r in header.splitlines() if r.startswith("| ") and "---" not in r}
+    assert rows["width n_embd"] == ["64", "256 (reconstructed)"]
+    assert rows["context"][0] == "64" and rows["training steps"][0] == "1500"
+    assert rows["peak lr"][0] == "0.0010" and rows["lr floor (cosine)"][0] == "1.000e-04"
+    assert rows["warm-up steps"][0] == "60" and "200" in rows["warm-up steps"][1]
+    assert rows["AdamW betas"][0] == "(0.9, 0.99)" and rows["weight decay"][0] == "0.1"
+    assert rows["grid seeds"][0] == "0, 1, 2, 3, 4"
+    assert rows["seeds of arm shrink"][0] == "5 (0, 1, 2, 3, 4)"
+    assert "docs/findings.md" in header
+    scale = json.loads((out / "report.json").read_text())["scale"]
+    assert scale["lr"] == [0.001] and scale["n_embd"] == [64]
+
+
+def test_report_shrink_act_arm_and_the_job_table(tmp_path):
+    url = "sqlite:///" + str(tmp_path / "a.db")
+    make_synthetic_db(url, sweep="act", seeds=5, depths=(2,), inits=("gaussian",),
+                      arms=("hold", "shrink", "shrink_act"),
+                      key_effect={"shrink": -0.4, "hold": 0.4, "shrink_act": -0.5},
+                      entropy_effect={"shrink": -0.3, "hold": 0.3, "shrink_act": -0.2})
+    out = tmp_path / "rep"
+    assert invoke("report", "--db", url, "--out", str(out)).exit_code == 0
+    v = verdicts(out)
+    assert v["4-shrink_act"] == v["reality-check-act"] == v["reality-check"] == "holds"
+    data = json.loads((out / "report.json").read_text())
+    act = next(c for c in data["claims"] if c["key"] == "4-shrink_act")
+    assert "achieved: W_K PR" in act["measured"] and "lower in 5 of 5" in act["measured"]
+    md = (out / "report.md").read_text()
+    job = md.split("### Did each arm do its job?", 1)[1].split("###", 1)[0]
+    lines = [r for r in job.splitlines() if r.startswith("| ")]
+    assert "entropy verdict" in lines[0] and "key PR_K: arm vs baseline" in lines[0]
+    by_arm = {r.split("|")[1].strip(): r for r in lines[1:]}
+    assert set(by_arm) == {"shrink", "hold", "shrink_act"}
+    assert "lower in 5 of 5" in by_arm["shrink"] and "lower in 0 of 5" in by_arm["hold"]
+    # a sweep without shrink_act has no shrink_act claims
+    assert "4-shrink_act" not in verdicts(_planted_out(tmp_path))
+
+
+def _planted_out(tmp_path):
+    url = "sqlite:///" + str(tmp_path / "p.db")
+    make_synthetic_db(url, sweep="p", seeds=5, depths=(2,), inits=("gaussian",))
+    out = tmp_path / "prep"
+    assert invoke("report", "--db", url, "--out", str(out)).exit_code == 0
+    return out
+
+
+def test_report_shows_both_trend_windows(planted_report):
+    _, out = planted_report
+    md = (out / "report.md").read_text()
+    sec = md.split("### Trends from step 0 and from the end of the initial collapse", 1)[1]
+    sec = sec.split("###", 1)[0]
+    assert "| statistic | paper | from step 0 | from the collapse |" in sec
+    assert "about +0.14" in sec and "PR_Q + PR_K" in sec
+    data = json.loads((out / "report.json").read_text())
+    c = next(c for c in data["claims"] if c["key"] == "2-slopes-collapse")
+    assert c["numbers"]["window"] == "collapse" and c["numbers"]["collapse_points"]["n"] == 15

@@ -365,3 +365,27 @@ def test_cluster_path_choice():
     assert not S._use_tensor(200, 40)  # 40^3 > 16 * 200
     assert not S._use_tensor(10**7, 193)  # more than 192 clusters
     assert not S._use_tensor(10**6, 100)  # n * T = 10^8 table entries
+
+
+# --------------------------------------------------------------------------- collapse point
+
+
+def test_collapse_index_known_cases():
+    from qkgeom.stats import collapse_index
+
+    p = np.linspace(0, 1, 11)
+    total = np.array([34, 20, 6, 5, 7, 8, 9, 10, 1, 12, 13], dtype=float)
+    # the lowest total in the first half is at index 3; the later 1 (progress 0.8) is not
+    # the initial collapse
+    assert collapse_index(p, total) == 3
+    assert collapse_index(p, total, search=0.9) == 8
+    tie = np.array([9, 4, 4, 6, 7, 8, 9, 9, 9, 9, 9], dtype=float)
+    assert collapse_index(p, tie) == 1  # the earliest of equal minima
+    nan = total.copy()
+    nan[3] = np.nan
+    assert collapse_index(p, nan) == 2  # non-finite probes are ignored
+    assert collapse_index(p, np.full(11, np.nan)) == -1
+    # a trajectory that never collapses (monotone rise) collapses at step 0
+    assert collapse_index(p, np.arange(11.0)) == 0
+    with pytest.raises(ValueError):
+        collapse_index(p, total[:3])

@@ -146,3 +146,32 @@ def test_db_current_does_not_create_a_file(tmp_path):
     r = invoke("db", "current", "--db", str(path))
     assert r.exit_code != 0 and "no database at" in r.output
     assert not path.exists()
+
+
+def test_0004_adds_test_loss_and_keeps_rows_both_ways(db_url):
+    from conftest_store import make_record
+
+    upgrade(db_url, "0002_views")
+    eng = create_engine(db_url)
+    with eng.begin() as conn:
+        conn.execute(text("INSERT INTO sweeps (id, name, spec, code_version, created_at) "
+                          "VALUES (1, 'old', '{}', 'v', CURRENT_TIMESTAMP)"))
+        conn.execute(text("INSERT INTO trials (id, sweep_id, trial_key, config, depth, init, "
+                          "arm, seed, status, attempts, created_at) VALUES (1, 1, 'k', '{}', "
+                          "2, 'gaussian', 'none', 0, 'terminated', 1, CURRENT_TIMESTAMP)"))
+    eng.dispose()
+    upgrade(db_url)
+    assert _version(db_url) == head_revision()
+    with open_store(db_url) as store:
+        store.write_probe(1, make_record(5, n_layer=1, n_head=1, max_steps=5))
+        store.set_trial_result(1, test_loss=2.5)
+        assert store.sql("SELECT DISTINCT trial_key FROM v_metrics").item() == "k"
+        assert store.sql("SELECT DISTINCT test_loss FROM v_final").item() == 2.5
+    downgrade(db_url, "0002_views")
+    eng = create_engine(db_url)
+    with eng.connect() as conn:
+        assert conn.execute(text("SELECT trial_key FROM trials")).scalar_one() == "k"
+        cols = conn.execute(text("SELECT * FROM v_final WHERE 1 = 0")).keys()
+        assert "test_loss" not in list(cols) and conn.execute(
+            text("SELECT COUNT(*) FROM v_final")).scalar_one() > 0
+    eng.dispose()

@@ -150,6 +150,24 @@ def test_trial_status_lifecycle(store):
         store.set_trial_status(tid + 1000, "running")
 
 
+def test_test_loss_is_stored_shown_in_v_final_and_nan_is_null(store):
+    sid, tid = _trial(store)
+    _, t2 = _trial(store, key="d2-gaussian-none-s1", seed=1)
+    store.write_probe(tid, make_record(10, n_layer=2, n_head=2, max_steps=10))
+    assert store.get_trial(tid).test_loss is None  # not finished yet
+    store.set_trial_result(tid, test_loss=1.875)
+    store.set_trial_result(t2, test_loss=math.nan)
+    assert store.get_trial(tid).test_loss == 1.875
+    assert store.get_trial(t2).test_loss is None
+    df = store.trials("s")
+    assert dict(zip(df["trial_key"], df["test_loss"])) == {"d2-gaussian-none-s0": 1.875,
+                                                          "d2-gaussian-none-s1": None}
+    fin = store.sql("SELECT DISTINCT trial_id, test_loss FROM v_final")
+    assert fin.rows() == [(tid, 1.875)]
+    with pytest.raises(QkgeomError, match="no trial with id"):
+        store.set_trial_result(tid + 1000, test_loss=1.0)
+
+
 def test_mark_running_interrupted(store):
     sid, a = _trial(store, "a")
     _, b = _trial(store, "b")
@@ -225,7 +243,7 @@ def test_views(store):
         "n_seeds"]
     assert store.sql("SELECT * FROM v_final WHERE 1 = 0").columns == [
         "sweep", "trial_id", "depth", "init", "arm", "seed", "layer", "metric", "step",
-        "value"]
+        "value", "test_loss"]
     assert store.sql("SELECT * FROM v_pretrained WHERE 1 = 0").columns == [
         "model", "revision", "step", "layer", "head", "metric", "value"]
 

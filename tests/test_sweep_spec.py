@@ -2,26 +2,84 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from qkgeom.config import TrialConfig
-from qkgeom.sweep import SpecError, build_plan, fill_baseline_pr, plan_from, trial_key
+from qkgeom.sweep import (
+    SpecError,
+    baseline_metric,
+    build_plan,
+    fill_baseline_pr,
+    plan_from,
+    trial_key,
+)
 
 
 def test_presets_expand_to_the_study():
     smoke = plan_from("smoke")
-    assert len(smoke.trials) == 9
+    assert len(smoke.trials) == 4 + 1 + 3 * 2  # grid, the seed-1 baseline, 3 arms x 2 seeds
     paper = plan_from("paper")
     grid = [t for t in paper.trials if t.baseline_key is None]
     arms = [t for t in paper.trials if t.baseline_key is not None]
     assert len(grid) == 36 + 1  # 36 geometry runs + the depth-6 gaussian baseline of seed 4
-    assert len(arms) == 10 and {t.arm for t in arms} == {"hold", "shrink"}
+    assert len(arms) == 15 and {t.arm for t in arms} == {"hold", "shrink", "shrink_act"}
     cpu = plan_from("cpu")
-    assert len(cpu.trials) == 18 + 1 + 6
-    assert cpu.trials[0].config["max_steps"] == TrialConfig(**{}).max_steps or True
+    # 3 depths x 3 inits x 2 seeds, the depth-4 gaussian baselines of seeds 2-4, 3 arms x 5
+    assert len(cpu.trials) == 18 + 3 + 15
+
+
+@pytest.mark.parametrize("preset", ["smoke", "cpu", "paper"])
+def test_every_arm_trial_has_its_paired_baseline(preset):
+    plan = plan_from(preset)
+    by_key = plan.by_key()
+    arm_trials = [t for t in plan.trials if t.arm != "none"]
+    assert arm_trials
+    for t in arm_trials:
+        base = by_key[t.baseline_key]
+        assert (base.arm, base.depth, base.init, base.seed) == ("none", t.depth, t.init, t.seed)
+        # paired by seed: the same config apart from the arm and its own settings
+        diff = {k for k in t.config if t.config[k] != base.config[k]}
+        assert diff <= {"arm", "site", "target_mode", "shrink_to", "baseline_pr"}, (t.key, diff)
+        assert base.config["seed"] == t.config["seed"] and base.config["lr"] == t.config["lr"]
+    # every arm of the study presets runs five paired seeds (the paper's design)
+    if preset != "smoke":
+        for arm in ("hold", "shrink", "shrink_act"):
+            seeds = sorted(t.seed for t in arm_trials if t.arm == arm)
+            assert seeds == [0, 1, 2, 3, 4], (arm, seeds)
+            assert all(by_key[trial_key(t.depth, t.init, "none", s)]
+                       for t in arm_trials for s in seeds)
+
+
+@pytest.mark.parametrize("preset", ["smoke", "cpu", "paper"])
+def test_study_arms_contract_relative_to_the_baseline(preset):
+    plan = plan_from(preset)
+    for t in plan.trials:
+        c = t.config
+        if t.arm in ("shrink", "shrink_act"):
+            assert c["target_mode"] == "baseline_fraction" and t.needs_baseline
+            assert c["site"] == ("activation" if t.arm == "shrink_act" else "weight")
+            assert baseline_metric(c) == ("pr_k" if t.arm == "shrink_act" else "pr_wk")
+        elif t.arm == "hold":  # keeps its definition: the step-0 W_K PR, weight site
+            assert c["target_mode"] == "init_fraction" and c["site"] == "weight"
+            assert not t.needs_baseline
+    # hold needs nothing from its baseline and runs in the first phase
+    assert any(t.arm == "hold" and not t.needs_baseline for t in plan.trials)
+
+
+def test_cpu_preset_uses_the_paper_optimiser():
+    from qkgeom.config import preset
+
+    cpu, paper = preset("cpu"), preset("paper")
+    for k in ("lr", "min_lr", "weight_decay", "beta1", "beta2", "warmup_frac"):
+        assert getattr(cpu, k) == getattr(paper, k), k
+    assert (cpu.lr, cpu.min_lr, cpu.weight_decay, cpu.beta1, cpu.beta2) == (
+        1e-3, 1e-4, 0.1, 0.9, 0.99)
+    assert paper.warmup == 200  # the paper preset's 200 of 5,000 steps ...
+    assert cpu.warmup == 60  # ... is 4% of training: 60 of 1,500
 
 
 def test_keys_are_deterministic_and_baselines_shared():
@@ -30,14 +88,6 @@ def test_keys_are_deterministic_and_baselines_shared():
     keys = [t.key for t in a.trials]
     assert len(keys) == len(set(keys))  # the shared baseline is not run twice
     assert trial_key(4, "gaussian", "none", 0) == "d4-gaussian-none-s0"
-    for t in a.trials:
-        if t.arm != "none":
-            base = a.by_key()[t.baseline_key]
-            assert (base.depth, base.init, base.seed, base.arm) == (t.depth, t.init, t.seed,
-                                                                      "none")
-            # paired by seed: same config apart from the arm
-            diff = {k for k in t.config if t.config[k] != base.config[k]}
-            assert diff == {"arm"}
 
 
 def test_set_overrides_trial_and_spec_keys():
@@ -104,6 +154,13 @@ def test_baseline_fraction_arms_wait_for_their_baseline():
     assert cfg["baseline_pr"] == [[0, [30.0, 31.0]], [20, [9.0, 8.0]]]
     with pytest.raises(SpecError, match="no layer-level pr_wk"):
         fill_baseline_pr(arm.config, [])
+    # the activation-site arm follows the baseline's key-activation PR instead
+    spec["interventions"]["arms"] = ["shrink_act"]
+    spec["interventions"]["arm_overrides"] = {"shrink_act": {"target_mode": "baseline_fraction"}}
+    act = build_plan(spec).by_key()["d2-gaussian-shrink_act-s0"]
+    assert act.needs_baseline and act.config["site"] == "activation"
+    with pytest.raises(SpecError, match="no layer-level pr_k rows"):
+        fill_baseline_pr(act.config, [])
 
 
 def test_sweep_module_and_help_do_not_import_ray():
@@ -122,3 +179,39 @@ def test_relative_data_path_becomes_absolute_for_ray_workers(tmp_path, monkeypat
     # names that are not local paths (a hub dataset) pass through unchanged
     plan = plan_from("smoke", data="wikitext-2")
     assert {t.config["dataset"] for t in plan.trials} == {"wikitext-2"}
+
+
+STUDIES = sorted((Path(__file__).resolve().parents[1] / "studies").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", STUDIES, ids=lambda p: p.name)
+def test_every_study_file_validates(path):
+    from click.testing import CliRunner
+
+    from qkgeom.cli import main
+
+    plan = plan_from(spec_file=path)
+    assert plan.name == path.stem  # one sweep name per file: cells never collide in a database
+    r = CliRunner().invoke(main, ["sweep", "--dry-run", "--spec", str(path)])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["n_trials"] == len(plan.trials) and d["n_after_baselines"] == 10
+
+
+def test_ladder_varies_only_width_context_and_lr():
+    ladder = [plan_from(spec_file=p) for p in STUDIES if p.name.startswith("ladder-")]
+    cells = set()
+    shapes = set()
+    for plan in ladder:
+        c = plan.trials[0].config
+        cells.add((c["n_embd"], c["block_size"], c["lr"]))
+        assert c["min_lr"] == pytest.approx(c["lr"] / 10)
+        # everything but the factors is the cpu study's design
+        cpu = {t.key: t.config for t in plan_from("cpu").trials}
+        assert {t.key for t in plan.trials} == set(cpu)
+        for t in plan.trials:
+            diff = {k for k in t.config if t.config[k] != cpu[t.key][k]}
+            assert diff <= {"n_embd", "block_size", "lr", "min_lr"}, (plan.name, t.key, diff)
+        shapes.add(len(plan.trials))
+    assert cells == {(e, e, lr) for e in (64, 96, 128) for lr in (1e-3, 3e-3)}
+    assert shapes == {36}

@@ -88,6 +88,18 @@ def test_training_beats_unigram_entropy(wikitext_dir):
     assert res.test_loss < res.unigram_entropy - 0.3, (res.test_loss, res.unigram_entropy)
 
 
+def test_warmup_as_a_fraction_of_training():
+    cfg = TrialConfig(lr=1e-3, min_lr=1e-4, warmup_frac=0.04, warmup_steps=999, max_steps=1500)
+    assert cfg.warmup == 60  # the fraction wins over warmup_steps
+    assert lr_at(cfg, 59) == pytest.approx(1e-3 * 60 / 61)
+    assert lr_at(cfg, 60) == pytest.approx(1e-3)
+    # cosine from step 60 to 1500: halfway (step 780) is the midpoint of lr and floor
+    assert lr_at(cfg, 780) == pytest.approx(5.5e-4)
+    assert TrialConfig(warmup_steps=7).warmup == 7
+    with pytest.raises(ValueError, match="warmup_frac"):
+        TrialConfig(warmup_frac=1.0)
+
+
 def test_lr_schedule_warmup_then_cosine():
     cfg = TrialConfig(lr=1e-3, min_lr=1e-4, warmup_steps=10, max_steps=110)
     assert lr_at(cfg, 0) < lr_at(cfg, 5) < lr_at(cfg, 9) <= 1e-3
@@ -185,6 +197,9 @@ def test_cli_train_records_into_database(wikitext_dir, tmp_path):
     st = open_store(db)
     t = st.sql("select status, attempts from trials")
     assert t.rows() == [("terminated", 2)]
+    # the final test loss is stored: the one the run printed and wrote to result.json
+    printed = json.loads((tmp_path / "b" / "result.json").read_text())["test_loss"]
+    assert st.sql("select test_loss from trials").item() == pytest.approx(printed, rel=1e-12)
     n = st.sql("select count(*) from probe_metrics").item()
     per_probe = 2 * (2 + 1) * 9  # layers x (heads + layer row) x metrics
     assert n == 3 * per_probe

@@ -62,14 +62,19 @@ def test_cli_smoke_into_postgres(scratch, pg_url, wikitext_dir):  # noqa: F811
 
     p = run_cli(["sweep", "--preset", "smoke", "--db", pg_url, "--data", str(wikitext_dir),
                  "--progress-every", "30"], scratch)
-    assert "9/9 trials terminated" in p.stdout
+    assert "11/11 trials terminated" in p.stdout
     assert "done" in p.stdout and "ETA" in p.stdout  # our progress line, not Ray's tables
     assert "Trial status" not in p.stdout + p.stderr
     assert "qkgeom stats" in p.stdout
     plan = plan_from("smoke", data=str(wikitext_dir))
     assert_sweep_complete(pg_url, "smoke", plan)
     st = run_cli(["status", "--name", "smoke", "--db", pg_url], scratch)
-    assert "9 terminated" in st.stdout and "40/40" in st.stdout
+    assert "11 terminated" in st.stdout and "40/40" in st.stdout and "test_loss" in st.stdout
+    # the final test loss of every trial is in the database
+    q = run_cli(["query", "--db", pg_url, "--format", "json",
+                 "SELECT trial_key, test_loss FROM trials ORDER BY trial_key"], scratch)
+    losses = {r["trial_key"]: r["test_loss"] for r in json.loads(q.stdout)}
+    assert len(losses) == 11 and all(1.0 < v < 6.0 for v in losses.values()), losses
     # a second start of the same sweep is refused: it must be resumed
     again = run_cli(["sweep", "--preset", "smoke", "--db", pg_url, "--data",
                      str(wikitext_dir)], scratch, check=False)

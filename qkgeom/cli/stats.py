@@ -34,6 +34,14 @@ def sweep_options(f: Callable) -> Callable:
     return db_option(f)
 
 
+def window_option(f: Callable) -> Callable:
+    return click.option(
+        "--from", "window", default="start", show_default=True, metavar="start|collapse|P",
+        help="trend window: every probe (start); from each unit's end of the initial "
+             "collapse, the probe with the lowest PR_Q + PR_K in the first half of training "
+             "(collapse); or from training progress P in [0, 1)")(f)
+
+
 def format_option(f: Callable) -> Callable:
     return click.option("--format", "fmt", type=click.Choice(["table", "json"]),
                         default="table", show_default=True, help="output format")(f)
@@ -120,23 +128,33 @@ def stats_group() -> None:
               help="unit: a (depth, init, layer) curve averaged over seeds, or one run's layer")
 @click.option("--depth", type=int, default=None, help="only this depth")
 @click.option("--init", default=None, help="only this Q/K initialisation")
+@window_option
 @format_option
 @_body
 def sign_test_cmd(db: str | None, sweep: str | None, include_unfinished: bool, summary: str,
-                  level: str, depth: int | None, init: str | None, fmt: str) -> None:
-    """One-sided exact sign test that PR_Q - PR_K > 0 (geometry trials, arm none)."""
+                  level: str, depth: int | None, init: str | None, window: str,
+                  fmt: str) -> None:
+    """One-sided exact sign test that PR_Q - PR_K > 0 (geometry trials, arm none).
+
+    --from restricts the probes that the mean and all summaries use; the final probe is
+    the same in every window.
+    """
     from qkgeom import analysis as A
 
+    win = A.parse_window(window)
     with _store(db) as store:
         name = A.resolve_sweep(store, sweep)
         rep = A.sign_test(store, name, summary=summary, level=level, depth=depth, init=init,
-                          finished_only=not include_unfinished)
+                          finished_only=not include_unfinished, window=win)
     d = rep.to_dict()
     if fmt == "json":
         print_json(d)
         return
     r = rep.result
-    click.echo(f"Sign test of PR_Q - PR_K > 0: sweep {name}, unit {level}, summary {summary}")
+    click.echo(f"Sign test of PR_Q - PR_K > 0: sweep {name}, unit {level}, summary {summary}, "
+               f"{A.window_label(win)}")
+    if rep.collapse:
+        click.echo(_collapse_line(rep.collapse))
     click.echo(table(d["by_depth_init"], ["depth", "init", "n", "n_positive", "n_zero",
                                           "p_value"]))
     click.echo(f"\noverall: {r.n_positive} of {r.n} positive ({r.n_zero} zero, "
@@ -154,28 +172,42 @@ def sign_test_cmd(db: str | None, sweep: str | None, include_unfinished: bool, s
               show_default=True, help="unit: trajectory (mean over seeds) or one run's layer")
 @click.option("--depth", type=int, default=None, help="only this depth")
 @click.option("--init", default=None, help="only this Q/K initialisation")
+@window_option
 @format_option
 @_body
 def slopes_cmd(db: str | None, sweep: str | None, include_unfinished: bool, level: str,
-               depth: int | None, init: str | None, fmt: str) -> None:
-    """Least-squares slopes of PR_Q and PR_K against training progress, per unit."""
+               depth: int | None, init: str | None, window: str, fmt: str) -> None:
+    """Least-squares slopes of PR_Q and PR_K against training progress, per unit, over the
+    probes of the --from window."""
     from qkgeom import analysis as A
 
+    win = A.parse_window(window)
     with _store(db) as store:
         name = A.resolve_sweep(store, sweep)
         rep = A.slopes(store, name, level=level, depth=depth, init=init,
-                       finished_only=not include_unfinished)
+                       finished_only=not include_unfinished, window=win)
     d = rep.to_dict(with_table=True)
     if fmt == "json":
         print_json(d)
         return
     click.echo(f"Slopes against training progress (value per unit of step/max_steps): "
-               f"sweep {name}, unit {level}")
+               f"sweep {name}, unit {level}, {A.window_label(win)}")
+    if rep.collapse:
+        click.echo(_collapse_line(rep.collapse))
     rows = [{"metric": m.upper().replace("GAP", "PR_Q - PR_K"), **{k: d[m][k] for k in (
         "n", "mean", "median", "sd", "share_positive")}} for m in ("pr_q", "pr_k", "gap")]
     click.echo(table(rows))
     click.echo("\nby depth and init (mean slope):")
     click.echo(table(d["by_depth_init"]))
+
+
+def _collapse_line(c: dict[str, Any]) -> str:
+    from qkgeom.analysis import fmt
+
+    if not c.get("n"):
+        return "collapse points: none found"
+    return (f"collapse points of {c['n']} units: step {c['step_min']} to {c['step_max']} "
+            f"(median {fmt(c['step_median'], 1)}, progress {fmt(c['progress_median'], 3)})")
 
 
 @stats_group.command("directional-confidence")

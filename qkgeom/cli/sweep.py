@@ -62,12 +62,14 @@ DB_HELP = "Results database URL or SQLite file (default: $QKGEOM_DB, else sqlite
               help="Seconds between progress lines when nothing changes.")
 @click.option("--prune-age", type=float, default=60.0, hidden=True,
               help="Seconds before a superseded resume checkpoint is pruned (tests).")
+@click.option("--dry-run", is_flag=True,
+              help="Validate the spec and print what it would run (no Ray, no database).")
 def sweep(preset_name: str | None, spec_file: str | None, name: str | None, db: str | None,
           data: str | None, sets: tuple[str, ...], address: str | None,
           cluster_file: str | None, resume: bool, gpus_per_trial: float | None,
           cpus_per_trial: float, max_concurrent: int | None, max_failures: int,
           direct_writes: bool, storage: str | None, snapshots: str | None,
-          progress_every: float, prune_age: float) -> None:
+          progress_every: float, prune_age: float, dry_run: bool) -> None:
     """Run a study (geometry grid + intervention arms) on Ray Tune into the database."""
     from qkgeom.sweep import plan_from
 
@@ -89,6 +91,13 @@ def sweep(preset_name: str | None, spec_file: str | None, name: str | None, db: 
             raise click.BadParameter("must be >= 0", param_hint="--prune-age")
         plan = None if from_db else plan_from(preset_name, spec_file, name=name, data=data,
                                               sets=sets, snapshots=snapshots)
+        if dry_run:
+            if plan is None:
+                raise click.UsageError("--dry-run needs --preset or --spec")
+            from qkgeom.sweep import plan_summary
+
+            click.echo(json.dumps(plan_summary(plan), indent=1))
+            return
         if cluster_file:
             from qkgeom.tune import launch_on_cluster
 
@@ -160,7 +169,8 @@ def status_rows(db: str | None, name: str | None) -> list[dict[str, Any]]:
             name = sweeps[0]
         sid = store.require_sweep(name)
         trials = store.trials(name).select(
-            "id", "trial_key", "status", "attempts", "host", "device", "config", "error")
+            "id", "trial_key", "status", "attempts", "host", "device", "config", "error",
+            "test_loss")
         last = store.sql(
             "SELECT p.trial_id, p.step, p.val_loss FROM probes p JOIN trials t "
             "ON t.id = p.trial_id WHERE t.sweep_id = :s ORDER BY p.trial_id, p.step",
@@ -176,12 +186,13 @@ def status_rows(db: str | None, name: str | None) -> list[dict[str, Any]]:
     for tid, step, val in last.iter_rows():
         last_by[tid] = (step, val)
     rows = []
-    for tid, key, status, attempts, host, device, config, error in trials.iter_rows():
+    for tid, key, status, attempts, host, device, config, error, test in trials.iter_rows():
         cfg = json.loads(config) if isinstance(config, str) else (config or {})
         step, val = last_by.get(tid, (None, math.nan))
         rows.append(dict(trial=key, status=status, attempts=attempts,
                          step=step, max_steps=cfg.get("max_steps"), val_loss=val,
                          snapshots=n_snaps.get(tid, 0),
+                         test_loss=math.nan if test is None else test,
                          host=host or "", device=device or "",
                          error=(error or "").strip().splitlines()[-1:] or [""]))
         rows[-1]["error"] = rows[-1]["error"][0][:80]
@@ -189,15 +200,19 @@ def status_rows(db: str | None, name: str | None) -> list[dict[str, Any]]:
 
 
 def format_status(rows: list[dict[str, Any]]) -> str:
-    head = ["trial", "status", "tries", "step", "val_loss", "snaps", "host", "device", "error"]
+    head = ["trial", "status", "tries", "step", "val_loss", "test_loss", "snaps", "host",
+            "device", "error"]
+
+    def loss(v: float | None) -> str:
+        return "-" if v is None or v != v else f"{v:.4f}"
+
     body = []
     for r in rows:
         step = "-" if r["step"] is None else f"{r['step']}/{r['max_steps']}"
-        val = "-" if r["val_loss"] is None or r["val_loss"] != r["val_loss"] \
-            else f"{r['val_loss']:.4f}"
         err = r["error"] if r["status"] in ("error", "pending", "interrupted") else ""
-        body.append([r["trial"], r["status"], str(r["attempts"]), step, val,
-                     str(r.get("snapshots", 0)), r["host"], r["device"], err])
+        body.append([r["trial"], r["status"], str(r["attempts"]), step, loss(r["val_loss"]),
+                     loss(r.get("test_loss")), str(r.get("snapshots", 0)), r["host"],
+                     r["device"], err])
     widths = [max(len(x) for x in col) for col in zip(head, *body)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()
              for row in [head, *body]]

@@ -179,5 +179,6 @@ class Recorder:
     def finished(self, result) -> None:
         self.fh.close()
         if self.store is not None:
+            self.store.set_trial_result(self.trial_id, test_loss=result.test_loss)
             self.store.set_trial_status(self.trial_id, "terminated", device=result.device,
                                         host=result.extra.get("host"))

@@ -105,6 +105,9 @@ class Trial(Base):
     ended_at: Mapped[datetime | None] = mapped_column(Stamp)
     host: Mapped[str | None] = mapped_column(String(200))
     device: Mapped[str | None] = mapped_column(String(200))
+    # loss on the held-out evaluation split at the end of training (nats/char); NULL until
+    # the trial finishes (or NaN)
+    test_loss: Mapped[float | None] = mapped_column(Double)
 
 
 class Probe(Base):

@@ -97,6 +97,7 @@ class TrialInfo:
     ended_at: datetime | None
     host: str | None
     device: str | None
+    test_loss: float | None = None  # nats/char at the end of training; None until then
 
 
 def open_store(url: str | None = None, *, create: bool = True, readonly: bool = False) -> Store:
@@ -314,6 +315,15 @@ class Store:
             values["attempts"] = t.c.attempts + 1
         with self._write() as conn:
             n = conn.execute(t.update().where(t.c.id == trial_id).values(**values)).rowcount
+        if n == 0:
+            raise QkgeomError(f"no trial with id {trial_id} in {self.safe_url}")
+
+    def set_trial_result(self, trial_id: int, *, test_loss: float) -> None:
+        """Store a finished trial's final test loss (nats/char; NaN is stored as NULL)."""
+        t = Trial.__table__
+        with self._write() as conn:
+            n = conn.execute(t.update().where(t.c.id == trial_id)
+                             .values(test_loss=_f(test_loss))).rowcount
         if n == 0:
             raise QkgeomError(f"no trial with id {trial_id} in {self.safe_url}")
 
@@ -573,6 +583,7 @@ class Store:
             "seed": pl.Int64, "status": pl.String, "attempts": pl.Int64, "error": pl.String,
             "created_at": pl.Datetime("us"), "started_at": pl.Datetime("us"),
             "ended_at": pl.Datetime("us"), "host": pl.String, "device": pl.String,
+            "test_loss": pl.Float64,
         }
         return pl.DataFrame(rows, schema=schema, orient="row" if not rows else None)
 
@@ -748,7 +759,7 @@ def _view_column_type(name: str) -> Any:
     """Column types of the views (reflection cannot type SQLite view expressions)."""
     import polars as pl
 
-    if name in ("value", "progress"):
+    if name in ("value", "progress", "test_loss"):
         return pl.Float64
     if name in ("sweep", "trial_key", "init", "arm", "status", "metric", "model", "revision"):
         return pl.String
