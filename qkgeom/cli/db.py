@@ -101,7 +101,9 @@ def query(db: str | None, fmt: str, out: str | None, write: bool, sql: str) -> N
                     click.echo(f"{rowcount} row(s) affected", err=True)
                     return
             else:
-                df = store.sql(sql)
+                from qkgeom.store.readonly import run_readonly
+
+                df = run_readonly(store, sql)
         finally:
             store.close()
         _emit(df, fmt, out)

@@ -1,0 +1,211 @@
+"""The fault catalogue as tests: SQL tricks against ``qkgeom query`` without ``--write``,
+bad inputs, signals to a running sweep, and resume after the Tune experiment is lost.
+
+Each case asserts the database afterwards (row counts, states, the SQLite file's bytes)
+on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+import pytest
+from conftest_store import invoke, make_record
+
+from qkgeom.store import TABLES, open_store
+
+pytest_plugins = ["store_fixtures"]  # db_url, sqlite_url, pg_url
+
+
+# ---------------------------------------------------------------------- SQL tricks
+@pytest.fixture
+def filled(db_url):
+    """One sweep, two trials with probes; the store is closed before the test runs."""
+    with open_store(db_url) as store:
+        sid = store.ensure_sweep("grid", {"seeds": [0, 1]}, "v1")
+        for seed in (0, 1):
+            tid = store.ensure_trial(sid, f"s{seed}", {"seed": seed}, depth=2,
+                                     init="gaussian", arm="none", seed=seed)
+            store.write_probes(tid, [make_record(s, n_layer=2, n_head=2, history=2)
+                                     for s in (0, 10)])
+            store.add_checkpoint(tid, 10, f"/ckpt/{seed}")
+            store.set_trial_status(tid, "terminated")
+    return db_url
+
+
+def _counts(url: str) -> dict[str, int]:
+    with open_store(url, create=False, readonly=True) as store:
+        return {t: int(store.sql(f"SELECT COUNT(*) FROM {t}").item()) for t in TABLES}
+
+
+def _statuses(url: str) -> list[tuple]:
+    with open_store(url, create=False, readonly=True) as store:
+        return list(store.sql("SELECT id, status, attempts FROM trials ORDER BY id").iter_rows())
+
+
+def _files(d: Path) -> dict[str, str]:
+    """Every file under ``d`` with its hash (SQLite's -wal/-shm side files by name only:
+    a reader of a WAL database may create them, empty)."""
+    out = {}
+    for p in sorted(d.rglob("*")):
+        if p.is_file():
+            side = p.name.endswith(("-wal", "-shm"))
+            out[str(p.relative_to(d))] = "" if side else hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+# (sql, note): every one must be refused with a one-line error naming --write and change
+# nothing; {tmp} is the test's directory (files a trick would create land there)
+TRICKS = [
+    ("DELETE FROM trials", "plain write"),
+    ("UPDATE trials SET status = 'error'", "plain write"),
+    ("INSERT INTO sweeps (name, spec, code_version, created_at) "
+     "VALUES ('x', '{}', 'v', CURRENT_TIMESTAMP)", "plain write"),
+    ("DROP TABLE checkpoints", "DDL"),
+    ("ALTER TABLE trials ADD COLUMN x INTEGER", "DDL"),
+    ("CREATE TABLE x (a INTEGER)", "DDL"),
+    ("CREATE TEMP TABLE x AS SELECT 1 AS a", "temp tables are writable in read-only PG"),
+    ("TRUNCATE trials", "PG write"),
+    ("COMMIT; BEGIN READ WRITE; DELETE FROM trials WHERE id = (SELECT MAX(id) FROM trials); "
+     "COMMIT", "issue 12 row 1"),
+    ("SELECT set_config('default_transaction_read_only', 'off', false); COMMIT; "
+     "DELETE FROM trials WHERE id = (SELECT MAX(id) FROM trials)", "issue 12 row 2"),
+    ("SELECT 1; DELETE FROM trials", "two statements"),
+    ("SELECT 1 -- comment\n; DELETE FROM trials", "two statements behind a comment"),
+    ("COMMIT", "transaction control"),
+    ("/* hi */ COMMIT", "transaction control behind a comment"),
+    ("ROLLBACK", "transaction control"),
+    ("BEGIN READ WRITE", "transaction control"),
+    ("BEGIN", "transaction control"),
+    ("SAVEPOINT a", "transaction control"),
+    ("RELEASE a", "transaction control"),
+    ("SET TRANSACTION READ WRITE", "transaction mode"),
+    ("SET default_transaction_read_only = off", "session setting"),
+    ("SET ROLE postgres", "role switch"),
+    ("RESET ALL", "session reset"),
+    ("SELECT set_config('default_transaction_read_only', 'off', false)", "session setting"),
+    ("SELECT set_config('transaction_read_only', 'off', true)", "transaction mode"),
+    ("SELECT pg_catalog.\"set_config\"('role', 'none', false)", "quoted function name"),
+    ("DO $$BEGIN DELETE FROM trials; END$$", "anonymous code block"),
+    ("CALL nosuch()", "procedure"),
+    ("COPY trials TO PROGRAM 'touch {tmp}/pwned'", "COPY to a program"),
+    ("COPY (SELECT 1) TO '{tmp}/copy.csv'", "COPY to a server file"),
+    ("COPY trials FROM '/etc/hostname'", "COPY into a table"),
+    ("WITH d AS (DELETE FROM trials RETURNING id) SELECT * FROM d", "writing CTE"),
+    ("SELECT * INTO newtable FROM trials", "SELECT INTO creates a table"),
+    ("EXPLAIN ANALYZE DELETE FROM trials", "EXPLAIN ANALYZE runs its statement"),
+    ("SELECT pg_terminate_backend(pg_backend_pid())", "signals another backend"),
+    ("SELECT pg_reload_conf()", "server-wide effect"),
+    ("SELECT lo_import('/etc/hostname')", "large object from a server file"),
+    ("SELECT nextval('trials_id_seq')", "sequence advance"),
+    ("SELECT dblink_exec('dbname=postgres', 'DELETE FROM trials')", "another database"),
+    ("SELECT query_to_xml('DELETE FROM trials RETURNING 1', true, true, '')", "runs SQL text"),
+    ("PREPARE p AS DELETE FROM trials", "prepared write"),
+    ("DECLARE c CURSOR WITH HOLD FOR SELECT 1", "cursor outliving the transaction"),
+    ("LOAD 'plpgsql'", "loads a library"),
+    ("NOTIFY qkgeom", "notification"),
+    ("LISTEN qkgeom", "listener"),
+    ("VACUUM", "maintenance"),
+    ("VACUUM INTO '{tmp}/copy.db'", "SQLite: writes a new file"),
+    ("ANALYZE", "maintenance (writes statistics)"),
+    ("REINDEX trials", "maintenance"),
+    ("ATTACH DATABASE '{tmp}/attached.db' AS e", "SQLite: creates a file"),
+    ("DETACH DATABASE main", "SQLite"),
+    ("PRAGMA writable_schema = 1", "SQLite: issue 12 row 4"),
+    ("PRAGMA journal_mode = DELETE", "SQLite: changes the file"),
+    ("PRAGMA query_only = 0", "SQLite"),
+    ("PRAGMA user_version = 7", "SQLite: writes the header"),
+    ("SELECT load_extension('/nonexistent')", "SQLite: loads code"),
+]
+
+
+SQLITE_ONLY = ("VACUUM INTO", "ATTACH", "DETACH", "PRAGMA", "load_extension")
+PG_ONLY = ("TRUNCATE", "SET ", "RESET", "DO ", "CALL", "COPY", "pg_", "lo_", "nextval",
+           "dblink", "query_to_xml", "PREPARE", "DECLARE", "LOAD", "NOTIFY", "LISTEN",
+           "set_config", "INTO newtable", "EXPLAIN", "BEGIN READ WRITE", "WITH d AS (DELETE")
+
+
+def _foreign(sql: str, backend: str) -> bool:
+    """A statement of the other backend's dialect: refused as unknown is fine too."""
+    if sql.startswith("COMMIT; BEGIN") or "; COMMIT" in sql:
+        return False  # the issue's rows: both backends must name --write
+    words = SQLITE_ONLY if backend == "postgresql" else PG_ONLY
+    return any(w in sql for w in words)
+
+
+@pytest.mark.parametrize("sql,note", TRICKS, ids=[f"{i:02d}" for i in range(len(TRICKS))])
+def test_query_without_write_changes_nothing(filled, tmp_path, sql, note):
+    url = filled
+    work = tmp_path / "work"
+    work.mkdir()
+    before = _counts(url), _statuses(url), _files(tmp_path)
+    r = invoke("query", "--db", url, sql.replace("{tmp}", str(work)))
+    out = r.output.strip()
+    assert r.exit_code != 0, f"{note}: ran: {out}"
+    assert out.startswith("Error: ") and "\n" not in out and "Traceback" not in out, out
+    backend = "sqlite" if url.startswith("sqlite") else "postgresql"
+    if _foreign(sql, backend):  # the backend does not know the statement at all
+        assert re.search(r"syntax error|no such|does not exist|not authorized|--write", out), out
+    else:
+        assert "--write" in out, out
+    assert "Store.execute" not in out
+    assert (_counts(url), _statuses(url), _files(tmp_path)) == before, note
+    assert not any(work.iterdir()), f"{note}: created {list(work.iterdir())}"
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT COUNT(*) AS n FROM trials",
+    "  -- a comment first\n  SELECT COUNT(*) AS n FROM trials",
+    "/* a comment */ SELECT COUNT(*) AS n FROM trials",
+    "WITH x AS (SELECT id FROM trials) SELECT COUNT(*) AS n FROM x",
+    "SELECT COUNT(*) AS n FROM v_final WHERE metric LIKE 'pr%'  ;  -- done",
+    "SELECT COUNT(*) AS n FROM trials WHERE trial_key <> 'a;b'",
+])
+def test_reading_statements_still_work(filled, tmp_path, sql):
+    before = _files(tmp_path)
+    r = invoke("query", "--db", filled, "--format", "csv", sql)
+    assert r.exit_code == 0, r.output
+    head, value = r.output.split()
+    assert head == "n" and int(value) > 0
+    assert _files(tmp_path) == before
+
+
+@pytest.mark.parametrize("sql", ["/* a /* nested */ comment */ SELECT COUNT(*) AS n FROM trials",
+                                 "(SELECT COUNT(*) AS n FROM trials)"])
+def test_postgres_only_query_forms(pg_url, sql):
+    with open_store(pg_url) as store:
+        store.ensure_sweep("s", {}, "v")
+    r = invoke("query", "--db", pg_url, "--format", "csv", sql)
+    assert r.exit_code == 0, r.output
+    assert r.output.split() == ["n", "0"]
+
+
+def test_sqlite_metadata_queries_work(sqlite_url):
+    with open_store(sqlite_url):
+        pass
+    r = invoke("query", "--db", sqlite_url, "--format", "csv",
+               "SELECT name FROM pragma_table_info('trials') WHERE name = 'attempts'")
+    assert r.exit_code == 0, r.output
+    assert r.output.split() == ["name", "attempts"]
+    r = invoke("query", "--db", sqlite_url, "PRAGMA table_info(trials)")
+    assert r.exit_code == 0, r.output
+
+
+def test_issue_acceptance_set_config_commit_delete(pg_url):
+    """The acceptance line of issue 12, through a real subprocess."""
+    import subprocess
+    import sys
+
+    with open_store(pg_url) as store:
+        sid = store.ensure_sweep("keep", {}, "v")
+        store.ensure_trial(sid, "t", {}, depth=2, init="gaussian", arm="none", seed=0)
+    before = _counts(pg_url)
+    p = subprocess.run(
+        [sys.executable, "-c", "from qkgeom.cli import main; main()", "query", "--db", pg_url,
+         "SELECT set_config('default_transaction_read_only','off',false); COMMIT; "
+         "DELETE FROM trials"], capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0
+    assert "--write" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert _counts(pg_url) == before and before["trials"] == 1
