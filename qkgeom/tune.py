@@ -482,10 +482,19 @@ def prepare_db(plan: SweepPlan, db_url: str, *, resume: bool, threads: int) -> t
 
 
 def plan_for_resume(name: str, db_url: str) -> SweepPlan:
-    """Rebuild the plan of sweep ``name`` from the spec stored in the database."""
-    from qkgeom.store import open_store
+    """Rebuild the plan of sweep ``name`` from the spec stored in the database.
 
-    store = open_store(db_url)
+    Opens the database without creating it: a resume of a sweep that is not there
+    leaves no new file or schema behind.
+    """
+    from qkgeom.store import open_store
+    from qkgeom.store.engine import sqlite_path
+
+    path = sqlite_path(db_url) if db_url.startswith("sqlite") else None
+    if path is not None and not Path(path).exists():
+        raise SweepError(f"no sweep named {name!r} to resume: there is no database at {path} "
+                         "(check --db; start a new sweep without --resume)")
+    store = open_store(db_url, create=False, readonly=True)
     try:
         sweeps = store.sweeps()
         row = sweeps.filter(sweeps["name"] == name)

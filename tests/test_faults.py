@@ -209,3 +209,37 @@ def test_issue_acceptance_set_config_commit_delete(pg_url):
     assert p.returncode != 0
     assert "--write" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert _counts(pg_url) == before and before["trials"] == 1
+
+
+# ---------------------------------------------------------------------- refused commands
+def _one_line(r) -> str:
+    out = r.output.strip()
+    assert r.exit_code != 0, out
+    assert out.startswith("Error: ") and "\n" not in out and "Traceback" not in out, out
+    return out
+
+
+@pytest.mark.parametrize("cmd", [
+    ["sweep", "--resume", "--name", "nosuch", "--db", "{db}"],
+    ["status", "--name", "nosuch", "--db", "{db}"],
+    ["query", "--db", "{db}", "SELECT 1"],
+    ["export", "--db", "{db}", "--out", "{tmp}/dump"],
+])
+def test_refused_commands_create_nothing(tmp_path, cmd):
+    db = tmp_path / "new.db"
+    out = _one_line(invoke(*[c.replace("{db}", str(db)).replace("{tmp}", str(tmp_path))
+                             for c in cmd]))
+    assert "new.db" in out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_resume_of_a_missing_sweep_adds_nothing_to_postgres(pg_url):
+    out = _one_line(invoke("sweep", "--resume", "--name", "nosuch", "--db", pg_url))
+    assert "no qkgeom schema" in out or "nosuch" in out
+    from sqlalchemy import create_engine, inspect
+
+    engine = create_engine(pg_url)
+    try:
+        assert inspect(engine).get_table_names() == []  # no schema was created
+    finally:
+        engine.dispose()
