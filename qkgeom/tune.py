@@ -443,6 +443,67 @@ def _init_ray(opts: SweepOptions) -> None:
         ray.init(num_cpus=opts.num_cpus or os.cpu_count() or 1, _temp_dir=tmp, **kwargs)
 
 
+def _local_gpus() -> int:
+    try:
+        import torch
+
+        return int(torch.cuda.device_count())
+    except Exception:
+        return 0
+
+
+def check_resources(opts: SweepOptions) -> None:
+    """Refuse a sweep whose trials can never be placed (they would wait forever).
+
+    Local Ray: against this machine's CPUs (``num_cpus``) and GPUs. A running cluster
+    (``--address``) may grow through its autoscaler, so it is only warned about, after
+    connecting (:func:`_warn_unplaceable`); ``--cluster`` checks the cluster file's node
+    types (:func:`check_cluster_resources`).
+    """
+    if opts.max_concurrent is not None and opts.max_concurrent < 1:
+        raise SweepError("--max-concurrent must be at least 1 (leave it out for no limit)")
+    if opts.address is not None:
+        return
+    cpus = opts.num_cpus or os.cpu_count() or 1
+    if opts.cpus_per_trial > cpus:
+        raise SweepError(f"--cpus-per-trial {opts.cpus_per_trial:g} is more than this "
+                         f"machine's {cpus} CPUs: no trial could ever start; use at most {cpus}")
+    gpus = opts.gpus_per_trial or 0.0
+    if gpus > 0:
+        have = _local_gpus()
+        if gpus > have:
+            raise SweepError(f"--gpus-per-trial {gpus:g} is more than this machine's {have} "
+                             f"GPU(s): no trial could ever start; use at most {have}"
+                             + (" (or drop it: CPU trials)" if have == 0 else ""))
+
+
+def _warn_unplaceable(cpus: float, gpus: float, say: Any) -> None:
+    """Warn when no live node of a running cluster fits one trial right now."""
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    if nodes and not any(r.get("CPU", 0) >= cpus and r.get("GPU", 0) >= gpus for r in nodes):
+        say(f"warning: no node of the cluster has {cpus:g} CPU and {gpus:g} GPU free for one "
+            "trial now; trials stay pending until the autoscaler adds such a node")
+
+
+def check_cluster_resources(cfg: dict[str, Any], where: str, cpus: float,
+                            gpus: float | None) -> None:
+    """Refuse per-trial resources that no node type of a cluster file declares."""
+    types = cfg.get("available_node_types") or {}
+    head = cfg.get("head_node_type")
+    declared = [t.get("resources") for n, t in types.items()
+                if n != head or len(types) == 1]
+    if not declared or any(r is None or "CPU" not in r for r in declared):
+        return  # some node type's size is detected at launch: cannot know in advance
+    fits = [r for r in declared if float(r.get("CPU", 0)) >= cpus
+            and float(r.get("GPU", 0)) >= (gpus or 0)]
+    if not fits:
+        most_c = max(float(r.get("CPU", 0)) for r in declared)
+        most_g = max(float(r.get("GPU", 0)) for r in declared)
+        raise SweepError(f"{where}: no node type has {cpus:g} CPU and {gpus or 0:g} GPU for "
+                         f"one trial (the largest: {most_c:g} CPU, {most_g:g} GPU); lower "
+                         "--cpus-per-trial/--gpus-per-trial or declare a larger node type")
+
+
 def _gpus_per_trial(opts: SweepOptions) -> float:
     if opts.gpus_per_trial is not None:
         return float(opts.gpus_per_trial)
@@ -601,6 +662,7 @@ def run_sweep(plan: SweepPlan, opts: SweepOptions) -> dict[str, Any]:
         raise SweepError(f"sweep {plan.name!r} already has a Ray experiment at {path}; "
                          f"continue it with: qkgeom sweep --resume --name {plan.name} "
                          "(or pick another --name)")
+    check_resources(opts)  # before anything is created or started
     if opts.address is None:  # local Ray: a bad --data fails here, before any trial starts
         for dataset in sorted({t.config.get("dataset", "default") for t in plan.trials}):
             _corpus(dataset)
@@ -611,6 +673,8 @@ def run_sweep(plan: SweepPlan, opts: SweepOptions) -> dict[str, Any]:
     _DRIVER["db_url"] = db_url
     _init_ray(opts)
     gpus = _gpus_per_trial(opts)
+    if opts.address is not None:
+        _warn_unplaceable(opts.cpus_per_trial, gpus, say)
     say(f"sweep {plan.name}: {len(plan.trials)} trials, {opts.cpus_per_trial:g} CPU and "
         f"{gpus:g} GPU per trial, database {safe_url(db_url)}, Ray storage "
         f"{experiment_path(plan.name, storage)}")
@@ -721,6 +785,16 @@ def validate_cluster_file(path: str | Path) -> dict[str, Any]:
     ptype = provider.get("type")
     if not ptype:
         raise ClusterConfigError(f"{where}: provider.type: missing (aws, gcp, local, ...)")
+    from ray.autoscaler._private.providers import _NODE_PROVIDERS
+
+    known = sorted(set(_NODE_PROVIDERS) - {"fake_multinode_docker"})
+    if ptype not in _NODE_PROVIDERS:
+        import difflib
+
+        near = difflib.get_close_matches(str(ptype), known, n=1)
+        hint = f"did you mean {near[0]!r}? " if near else ""
+        raise ClusterConfigError(f"{where}: provider.type: unknown cloud {ptype!r}; {hint}"
+                                 f"use one of {', '.join(known)}")
     types = cfg.get("available_node_types")
     if ptype != "local" and not types:
         raise ClusterConfigError(f"{where}: available_node_types: missing; declare a head "
@@ -773,6 +847,18 @@ def validate_cluster_file(path: str | Path) -> dict[str, Any]:
         raise ClusterConfigError(f"{where}: rejected by Ray's cluster launcher: {msg}") \
             from None
     return cfg
+
+
+def check_ssh_keys(cfg: dict[str, Any], where: str) -> None:
+    """Refuse SSH key files the cluster file names but this machine lacks (checked at
+    launch, not by :func:`validate_cluster_file`: a file valid here may name keys that
+    exist only on the machine that launches it)."""
+    auth = cfg.get("auth") or {}
+    for key in ("ssh_private_key", "ssh_public_key"):
+        if auth.get(key) and not Path(str(auth[key])).expanduser().is_file():
+            raise ClusterConfigError(
+                f"{where}: auth.{key}: {auth[key]} does not exist; create the key pair "
+                f"(ssh-keygen -t ed25519 -f {auth[key]}) or fix the path")
 
 
 def _q(s: str) -> str:
@@ -849,6 +935,8 @@ def launch_on_cluster(cluster_file: str, *, plan: SweepPlan | None, name: str,
                           for n, t in types.items() if n != cfg.get("head_node_type"))
     if gpus_per_trial is None and has_gpu_workers:
         gpus_per_trial = 0.25  # the autoscaler sees no GPU before a worker exists
+    check_cluster_resources(cfg, cluster_file, cpus_per_trial, gpus_per_trial)
+    check_ssh_keys(cfg, cluster_file)
     if has_gpu_workers and not (storage and "://" in storage):
         out("warning: a multi-node cluster needs shared Tune storage; pass --storage "
             "s3://... or gs://... (a head-local path fails once trials run on workers)")

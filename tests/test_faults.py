@@ -243,3 +243,131 @@ def test_resume_of_a_missing_sweep_adds_nothing_to_postgres(pg_url):
         assert inspect(engine).get_table_names() == []  # no schema was created
     finally:
         engine.dispose()
+
+
+# ---------------------------------------------------------------------- bad inputs
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_max_concurrent_must_be_positive(tmp_path):
+    r = invoke("sweep", "--preset", "smoke", "--max-concurrent", "0", "--db",
+               str(tmp_path / "r.db"))
+    assert r.exit_code != 0 and "--max-concurrent" in r.output and "x>=1" in r.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_invalid_yaml_spec_is_one_line_with_file_and_line(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: x\ngrid:\n  depths: [2\n  seeds: 1\n")
+    out = _one_line(invoke("sweep", "--spec", str(spec), "--db", str(tmp_path / "r.db")))
+    assert str(spec) in out and "line 4, column 8" in out
+    assert not (tmp_path / "r.db").exists()
+
+
+def test_invalid_toml_spec_is_one_line(tmp_path):
+    spec = tmp_path / "s.toml"
+    spec.write_text('name = "x"\n[grid\n')
+    out = _one_line(invoke("sweep", "--spec", str(spec), "--db", str(tmp_path / "r.db")))
+    assert str(spec) in out and "line 2" in out
+
+
+def test_toml_specs_need_tomli_before_python_311():
+    import tomllib
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert any(d.replace(" ", "").startswith("tomli") and "python_version<'3.11'"
+               in d.replace(" ", "").replace('"', "'") for d in deps), deps
+
+
+@pytest.mark.parametrize("out", ["{tmp}/missing/x.csv", "{tmp}/afile/x.csv"])
+def test_query_unwritable_out_is_one_line(filled, tmp_path, out):
+    (tmp_path / "afile").write_text("keep")
+    out = out.replace("{tmp}", str(tmp_path))
+    msg = _one_line(invoke("query", "--db", filled, "--format", "csv", "--out", out,
+                           "SELECT 1 AS a"))
+    assert "cannot write" in msg and "--out" in msg
+    assert (tmp_path / "afile").read_text() == "keep"
+
+
+def test_plot_unwritable_out_is_one_line(sqlite_url, tmp_path):
+    (tmp_path / "afile").write_text("keep")
+    with open_store(sqlite_url) as store:
+        sid = store.ensure_sweep("grid", {}, "v1")
+        tid = store.ensure_trial(sid, "s0", {}, depth=2, init="gaussian", arm="none", seed=0)
+        store.write_probes(tid, [make_record(s, n_layer=2, n_head=2) for s in (0, 10)])
+        store.set_trial_status(tid, "terminated")
+    for out in (tmp_path / "afile" / "x.png", tmp_path / "nodir" / "x.png"):
+        msg = _one_line(invoke("plot", "trajectories", "--db", sqlite_url, "--sweep", "grid",
+                               "--out", str(out)))
+        assert "does not exist" in msg or "cannot write" in msg
+    assert (tmp_path / "afile").read_text() == "keep"
+
+
+def test_train_refuses_a_non_empty_out(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "probes.jsonl").write_text('{"step": 0}\n')
+    out = _one_line(invoke("train", "--preset", "smoke", "--out", str(run), "--quiet"))
+    assert "not empty" in out and "--overwrite" in out
+    assert (run / "probes.jsonl").read_text() == '{"step": 0}\n'  # untouched
+
+
+def test_train_overwrite_replaces_the_old_run(wikitext_dir, tmp_path):
+    import json
+
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_0009999").mkdir(parents=True)
+    (run / "probes.jsonl").write_text('{"step": 999}\n')
+    r = invoke("train", "--preset", "smoke", "--data", str(wikitext_dir), "--out", str(run),
+               "--set", "max_steps=20", "--set", "probe_every=10", "--overwrite", "--quiet")
+    assert r.exit_code == 0, r.output
+    steps = [json.loads(x)["step"] for x in (run / "probes.jsonl").read_text().splitlines()]
+    assert steps == [0, 10, 20]  # nothing of the old run appended to
+    assert not (run / "checkpoints" / "step_0009999").exists()
+
+
+def test_cpus_per_trial_beyond_the_machine_is_refused_before_anything(tmp_path):
+    import os
+
+    n = os.cpu_count() or 1
+    out = _one_line(invoke("sweep", "--preset", "smoke", "--cpus-per-trial", str(n + 1),
+                           "--db", str(tmp_path / "r.db"), "--storage", str(tmp_path / "rs")))
+    assert "--cpus-per-trial" in out and f"{n} CPUs" in out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_gpus_per_trial_beyond_the_machine_is_refused(tmp_path):
+    from qkgeom.tune import _local_gpus
+
+    want = _local_gpus() + 1
+    out = _one_line(invoke("sweep", "--preset", "smoke", "--gpus-per-trial", str(want),
+                           "--db", str(tmp_path / "r.db"), "--storage", str(tmp_path / "rs")))
+    assert "--gpus-per-trial" in out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cluster_file_resources_no_node_can_hold_are_refused(tmp_path):
+    out = _one_line(invoke("sweep", "--preset", "smoke", "--cpus-per-trial", "999",
+                           "--cluster", str(ROOT / "cluster" / "aws.yaml")))
+    assert "no node type has 999 CPU" in out
+
+
+def _cluster_variant(tmp_path: Path, old: str, new: str) -> Path:
+    text = (ROOT / "cluster" / "local.yaml").read_text()
+    assert old in text
+    p = tmp_path / "c.yaml"
+    p.write_text(text.replace(old, new))
+    return p
+
+
+def test_cluster_provider_type_typo_names_the_fix(tmp_path):
+    p = _cluster_variant(tmp_path, "type: local", "type: locall")
+    out = _one_line(invoke("sweep", "--preset", "smoke", "--cluster", str(p)))
+    assert "provider.type" in out and "did you mean 'local'" in out
+
+
+def test_cluster_missing_ssh_key_names_the_fix(tmp_path):
+    key = tmp_path / "no_such_key"
+    p = _cluster_variant(tmp_path, "~/.ssh/qkgeom_ci_ed25519", str(key))
+    out = _one_line(invoke("sweep", "--preset", "smoke", "--cluster", str(p)))
+    assert "auth.ssh_private_key" in out and "ssh-keygen" in out and str(key) in out

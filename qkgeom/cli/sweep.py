@@ -44,7 +44,7 @@ DB_HELP = "Results database URL or SQLite file (default: $QKGEOM_DB, else sqlite
               "has GPUs, else 0).")
 @click.option("--cpus-per-trial", type=float, default=1.0, show_default=True,
               help="CPUs per trial (also its torch thread count).")
-@click.option("--max-concurrent", type=int, default=None,
+@click.option("--max-concurrent", type=click.IntRange(min=1), default=None,
               help="At most this many trials at once (default: as resources allow).")
 @click.option("--max-failures", type=int, default=2, show_default=True,
               help="Retries per trial, each from its last checkpoint.")
