@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest_store import invoke, make_record
+from sweep_fixtures import scratch  # noqa: F401
 
 from qkgeom.store import TABLES, open_store
 
@@ -371,3 +372,148 @@ def test_cluster_missing_ssh_key_names_the_fix(tmp_path):
     p = _cluster_variant(tmp_path, "~/.ssh/qkgeom_ci_ed25519", str(key))
     out = _one_line(invoke("sweep", "--preset", "smoke", "--cluster", str(p)))
     assert "auth.ssh_private_key" in out and "ssh-keygen" in out and str(key) in out
+
+
+# ---------------------------------------------------------------------- signals, resume
+SIG_SPEC = """name: sig
+trial: {preset: smoke, overrides: {max_steps: 1500}}
+grid: {depths: [1], inits: [gaussian, orthogonal], seeds: [0]}
+"""
+
+
+def _start_sweep(d: Path, wikitext_dir: Path, db: str):
+    import subprocess
+
+    from sweep_fixtures import QKGEOM, cli_env
+
+    (d / "spec.yaml").write_text(SIG_SPEC)
+    log = open(d / "driver.log", "w")
+    # one trial at a time: the first finishes while the second is still running
+    proc = subprocess.Popen(
+        [QKGEOM, "sweep", "--spec", str(d / "spec.yaml"), "--db", db, "--data",
+         str(wikitext_dir), "--storage", str(d / "first"), "--max-concurrent", "1",
+         "--progress-every", "60"],
+        env=cli_env(d), stdout=log, stderr=subprocess.STDOUT, cwd=d,
+        start_new_session=True)
+    return proc, log
+
+
+def _trials(db: str) -> dict[str, tuple]:
+    try:
+        with open_store(db, create=False, readonly=True) as store:
+            df = store.trials("sig")
+    except Exception:  # not created yet
+        return {}
+    return {k: (s, a, e) for k, s, a, e in
+            zip(df["trial_key"], df["status"], df["attempts"], df["error"])}
+
+
+def _interrupt(d: Path, wikitext_dir: Path, db: str, sig: int) -> tuple[int, str, list]:
+    """Start the 2-trial sweep, send ``sig`` once the first trial finished and the
+    second has probed past step 0; returns (exit code, log, the driver's descendants)."""
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    proc, log = _start_sweep(d, wikitext_dir, db)
+    kids: list = []
+    try:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline:
+            st = _trials(db)
+            if [s for s, _, _ in st.values()].count("terminated") == 1 and \
+                    _last_steps(db).get("d1-orthogonal-none-s0", 0) >= 40:
+                break
+            assert proc.poll() is None, (d / "driver.log").read_text()
+            time.sleep(0.3)
+        else:
+            pytest.fail("no progress:\n" + (d / "driver.log").read_text())
+        kids = psutil.Process(proc.pid).children(recursive=True)
+        assert kids  # Ray's processes
+        os.kill(proc.pid, sig)
+        rc = proc.wait(timeout=120)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        log.close()
+    return rc, (d / "driver.log").read_text(), kids
+
+
+def _last_steps(db: str) -> dict[str, int]:
+    try:
+        with open_store(db, create=False, readonly=True) as store:
+            df = store.sql("SELECT t.trial_key, MAX(p.step) AS s FROM probes p JOIN trials t "
+                           "ON t.id = p.trial_id GROUP BY t.trial_key")
+    except Exception:
+        return {}
+    return {k: int(s) for k, s in df.iter_rows()}
+
+
+def _assert_interrupted_record(db: str, out: str, signame: str) -> None:
+    st = _trials(db)
+    assert sorted(s for s, _, _ in st.values()) == ["interrupted", "terminated"], st
+    status, attempts, error = st["d1-orthogonal-none-s0"]
+    step = _last_steps(db)["d1-orthogonal-none-s0"]
+    assert status == "interrupted" and 0 < step < 1500
+    assert error == f"interrupted by {signame} at step {step} of 1500 (its last probe)"
+    last = out.strip().splitlines()[-1]
+    assert last.startswith(f"sweep sig interrupted by {signame}: 1/2 trials terminated, "
+                           "1 interrupted, 0 not started; continue with: qkgeom sweep "
+                           "--resume --name sig"), last
+    assert "2/2 done" not in out
+    # the progress total is the plan's from the first line on
+    totals = {line.split(" done")[0].split("/")[-1] for line in out.splitlines()
+              if " done, " in line}
+    assert totals == {"2"}, totals
+
+
+def _assert_no_helpers_left(kids: list) -> None:
+    alive = [p for p in kids if p.is_running() and p.status() != "zombie"]
+    assert not alive, [(p.pid, p.name()) for p in alive]
+
+
+def test_sigterm_marks_running_trials_interrupted_and_leaves_no_ray(scratch, wikitext_dir):  # noqa: F811
+    import signal
+
+    db = f"{scratch}/sig.db"
+    rc, out, kids = _interrupt(scratch, wikitext_dir, db, signal.SIGTERM)
+    assert rc == 128 + signal.SIGTERM, out
+    _assert_interrupted_record(db, out, "SIGTERM")
+    _assert_no_helpers_left(kids)
+
+
+def test_sigint_then_resume_with_another_storage_retrains_no_finished_trial(
+        scratch, wikitext_dir):  # noqa: F811
+    import shutil
+    import signal
+
+    from sweep_fixtures import assert_matches_reference, run_cli
+
+    db = f"{scratch}/sig.db"
+    rc, out, kids = _interrupt(scratch, wikitext_dir, db, signal.SIGINT)
+    assert rc == 128 + signal.SIGINT, out
+    _assert_interrupted_record(db, out, "SIGINT")
+    _assert_no_helpers_left(kids)
+    before = _trials(db)
+
+    # the experiment is still at the first run's storage: a resume elsewhere is refused
+    p = run_cli(["sweep", "--resume", "--name", "sig", "--db", db, "--storage",
+                 str(scratch / "other")], scratch, check=False)
+    assert p.returncode != 0
+    err = p.stderr.strip()
+    assert "\n" not in err and f"--storage {scratch / 'first'}" in err, err
+    assert _trials(db) == before and not (scratch / "other").exists()
+
+    # the experiment is lost: the resume runs only the unfinished trial, afresh
+    shutil.rmtree(scratch / "first")
+    p = run_cli(["sweep", "--resume", "--name", "sig", "--db", db, "--storage",
+                 str(scratch / "other"), "--progress-every", "60"], scratch)
+    assert "running the 1 unfinished trial(s) of 2 afresh" in p.stdout
+    after = _trials(db)
+    assert after["d1-gaussian-none-s0"] == before["d1-gaussian-none-s0"]  # attempts 1
+    assert after["d1-orthogonal-none-s0"][:2] == ("terminated", 2)
+    assert assert_matches_reference(db, "sig") == 2
