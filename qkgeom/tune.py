@@ -570,7 +570,9 @@ def prepare_db(plan: SweepPlan, db_url: str, *, resume: bool, threads: int,
 
     store = open_store(db_url)
     try:
-        stored = _plain_spec(store.sweep_spec(plan.name))
+        raw = store.sweep_spec(plan.name)
+        stored = _plain_spec(raw)
+        storage = storage or (raw or {}).get(STORAGE_KEY)  # keep the recorded one
         if stored is not None and not resume:
             raise SweepError(
                 f"sweep {plan.name!r} already exists in {store.safe_url}; continue it with "

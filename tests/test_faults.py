@@ -96,6 +96,7 @@ TRICKS = [
     ("COPY trials FROM '/etc/hostname'", "COPY into a table"),
     ("WITH d AS (DELETE FROM trials RETURNING id) SELECT * FROM d", "writing CTE"),
     ("SELECT * INTO newtable FROM trials", "SELECT INTO creates a table"),
+    ("SELECT * FROM trials FOR UPDATE", "row locks"),
     ("EXPLAIN ANALYZE DELETE FROM trials", "EXPLAIN ANALYZE runs its statement"),
     ("SELECT pg_terminate_backend(pg_backend_pid())", "signals another backend"),
     ("SELECT pg_reload_conf()", "server-wide effect"),
@@ -125,7 +126,7 @@ TRICKS = [
 SQLITE_ONLY = ("VACUUM INTO", "ATTACH", "DETACH", "PRAGMA", "load_extension")
 PG_ONLY = ("TRUNCATE", "SET ", "RESET", "DO ", "CALL", "COPY", "pg_", "lo_", "nextval",
            "dblink", "query_to_xml", "PREPARE", "DECLARE", "LOAD", "NOTIFY", "LISTEN",
-           "set_config", "INTO newtable", "EXPLAIN", "BEGIN READ WRITE", "WITH d AS (DELETE")
+           "set_config", "INTO newtable", "EXPLAIN", "FOR UPDATE", "BEGIN READ WRITE", "WITH d AS (DELETE")
 
 
 def _foreign(sql: str, backend: str) -> bool:
@@ -476,10 +477,12 @@ def _assert_no_helpers_left(kids: list) -> None:
     assert not alive, [(p.pid, p.name()) for p in alive]
 
 
-def test_sigterm_marks_running_trials_interrupted_and_leaves_no_ray(scratch, wikitext_dir):  # noqa: F811
+def test_sigterm_marks_running_trials_interrupted_and_leaves_no_ray(scratch, pg_url,  # noqa: F811
+                                                                     wikitext_dir):
+    """On PostgreSQL (the SIGINT test below runs on SQLite)."""
     import signal
 
-    db = f"{scratch}/sig.db"
+    db = pg_url
     rc, out, kids = _interrupt(scratch, wikitext_dir, db, signal.SIGTERM)
     assert rc == 128 + signal.SIGTERM, out
     _assert_interrupted_record(db, out, "SIGTERM")
