@@ -482,11 +482,23 @@ def test_sigterm_marks_running_trials_interrupted_and_leaves_no_ray(scratch, pg_
     """On PostgreSQL (the SIGINT test below runs on SQLite)."""
     import signal
 
+    from sweep_fixtures import assert_matches_reference, run_cli
+
     db = pg_url
     rc, out, kids = _interrupt(scratch, wikitext_dir, db, signal.SIGTERM)
     assert rc == 128 + signal.SIGTERM, out
     _assert_interrupted_record(db, out, "SIGTERM")
     _assert_no_helpers_left(kids)
+    before = _trials(db)
+    # a resume without --storage (none in the environment either) uses the one recorded
+    # with the sweep: the experiment is restored, the finished trial is not retrained
+    p = run_cli(["sweep", "--resume", "--name", "sig", "--db", db, "--progress-every", "60"],
+                scratch, env={"QKGEOM_RAY_STORAGE": ""})
+    assert f"Ray storage {scratch / 'first'}" in p.stdout, p.stdout
+    after = _trials(db)
+    assert after["d1-gaussian-none-s0"] == before["d1-gaussian-none-s0"]
+    assert after["d1-orthogonal-none-s0"][:2] == ("terminated", 2)
+    assert assert_matches_reference(db, "sig") == 2
 
 
 def test_sigint_then_resume_with_another_storage_retrains_no_finished_trial(
