@@ -176,14 +176,20 @@ def save_chart(chart: alt.TopLevelMixin, path: str | Path, *, scale: float = 2.0
     suffix = p.suffix.lower()
     if suffix not in (".html", ".png", ".svg", ".json"):
         raise PlotError(f"cannot write {p.name}: use a .html, .png, .svg or .json file name")
-    if not p.parent.exists():
+    if not p.parent.is_dir():
         raise PlotError(f"directory {p.parent} does not exist; create it first")
-    if suffix == ".html":
-        chart.save(str(p), format="html", inline=True)
-    elif suffix == ".png":
-        chart.save(str(p), format="png", scale_factor=scale)
-    else:
-        chart.save(str(p), format=suffix[1:])
+    if p.is_dir():
+        raise PlotError(f"{p} is a directory; give a file name with --out")
+    try:
+        if suffix == ".html":
+            chart.save(str(p), format="html", inline=True)
+        elif suffix == ".png":
+            chart.save(str(p), format="png", scale_factor=scale)
+        else:
+            chart.save(str(p), format=suffix[1:])
+    except OSError as e:
+        raise PlotError(f"cannot write {p}: {e.strerror or e}; give a writable --out") \
+            from None
     return p
 
 

@@ -37,6 +37,7 @@ import math
 import os
 import posixpath
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -55,6 +56,7 @@ from qkgeom.sweep import SweepPlan, TrialSpec, baseline_metric, build_plan, fill
 # Driver-process state that must never be pickled into the experiment (see module doc).
 _DRIVER: dict[str, Any] = {}
 EXPERIMENT_PREFIX = "qkgeom-"
+STORAGE_KEY = "_ray_storage"  # in the stored spec: the Tune storage of the sweep's run
 
 
 class SweepError(QkgeomError):
@@ -355,6 +357,9 @@ class DbWriter(Callback):
         # trial.status still reads RUNNING here: write the terminal state ourselves
         if self._finished(trial):
             return
+        last = trial.last_result or {}
+        if _DRIVER.get("interrupted") and last.get("step") != last.get("max_steps"):
+            return  # stopped by a signal, not finished: run_sweep records it as interrupted
         self.store.set_trial_status(self._tid(trial), "terminated")
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
@@ -402,12 +407,20 @@ class Progress(Callback):
         return d
 
     def line(self, trials: list) -> tuple[str, str]:
+        """Counts over the whole plan (``_DRIVER["plan_steps"]``: key -> max_steps), so the
+        total is the same from the first line on: trials Tune has not created yet are
+        pending, trials the database already holds as finished are done."""
         counts = {"done": 0, "running": 0, "failed": 0, "pending": 0}
         steps = total = 0
+        plan: dict[str, int] = dict(_DRIVER.get("plan_steps") or {})
+        finished = set(_DRIVER.get("finished_before") or ()) | set(_DRIVER.get("finished", ()))
+        seen = set()
         for t in trials:
+            key = t.config["trial"]["key"]
+            seen.add(key)
             ms = int(t.config["trial"]["config"]["max_steps"])
             total += ms
-            st = t.status
+            st = "TERMINATED" if key in finished else t.status
             if st == "TERMINATED":
                 counts["done"] += 1
                 steps += ms
@@ -419,12 +432,22 @@ class Progress(Callback):
                 counts["running"] += 1
             else:
                 counts["pending"] += 1
+        for key, ms in plan.items():
+            if key in seen:
+                continue
+            total += ms
+            if key in finished:
+                counts["done"] += 1
+                steps += ms
+            else:
+                counts["pending"] += 1
+        n_trials = len(seen | set(plan))
         now = time.monotonic()
         if self._t0 is None:
             self._t0, self._steps0 = now, steps
         rate = (steps - self._steps0) / max(now - self._t0, 1e-9)
         eta = (total - steps) / rate if rate > 0 else math.inf
-        state = (f"{counts['done']}/{len(trials)} done, {counts['running']} running, "
+        state = (f"{counts['done']}/{n_trials} done, {counts['running']} running, "
                  f"{counts['failed']} failed, {counts['pending']} pending")
         text = (f"[{_fmt_s(now - self._t0):>6}] {state} | steps {steps}/{total} "
                 f"({100 * steps / max(total, 1):.0f}%) | ETA {_fmt_s(eta)}")
@@ -439,6 +462,10 @@ class Progress(Callback):
             print(text, flush=True)
             self._last_line, self._last_t = state, now
 
+    def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:
+        if _DRIVER.get("interrupted"):
+            _forward_stop()  # a signal that came before Tune's own handler was installed
+
     def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
         self._maybe_print(trials)
 
@@ -452,6 +479,8 @@ class Progress(Callback):
         print(f"  {trial_name(trial)}: failed ({last}); no retries left", flush=True)
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
+        if _DRIVER.get("interrupted"):
+            return  # Tune's view of stopped trials is not the record; the CLI prints that
         self._maybe_print(trials, force=True)
 
 
@@ -542,23 +571,107 @@ def _init_ray(opts: SweepOptions) -> None:
         ray.init(num_cpus=opts.num_cpus or os.cpu_count() or 1, _temp_dir=tmp, **kwargs)
 
 
+def _local_gpus() -> int:
+    try:
+        import torch
+
+        return int(torch.cuda.device_count())
+    except Exception:
+        return 0
+
+
+def check_resources(opts: SweepOptions) -> None:
+    """Refuse a sweep whose trials can never be placed (they would wait forever).
+
+    Local Ray: against this machine's CPUs (``num_cpus``) and GPUs. A running cluster
+    (``--address``) may grow through its autoscaler, so it is only warned about, after
+    connecting (:func:`_warn_unplaceable`); ``--cluster`` checks the cluster file's node
+    types (:func:`check_cluster_resources`).
+    """
+    if opts.max_concurrent is not None and opts.max_concurrent < 1:
+        raise SweepError("--max-concurrent must be at least 1 (leave it out for no limit)")
+    if opts.address is not None:
+        return
+    cpus = opts.num_cpus or os.cpu_count() or 1
+    if opts.cpus_per_trial > cpus:
+        raise SweepError(f"--cpus-per-trial {opts.cpus_per_trial:g} is more than this "
+                         f"machine's {cpus} CPUs: no trial could ever start; use at most {cpus}")
+    gpus = opts.gpus_per_trial or 0.0
+    if gpus > 0:
+        have = _local_gpus()
+        if gpus > have:
+            raise SweepError(f"--gpus-per-trial {gpus:g} is more than this machine's {have} "
+                             f"GPU(s): no trial could ever start; use at most {have}"
+                             + (" (or drop it: CPU trials)" if have == 0 else ""))
+
+
+def _warn_unplaceable(cpus: float, gpus: float, say: Any) -> None:
+    """Warn when no live node of a running cluster fits one trial right now."""
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    if nodes and not any(r.get("CPU", 0) >= cpus and r.get("GPU", 0) >= gpus for r in nodes):
+        say(f"warning: no node of the cluster has {cpus:g} CPU and {gpus:g} GPU free for one "
+            "trial now; trials stay pending until the autoscaler adds such a node")
+
+
+def check_cluster_resources(cfg: dict[str, Any], where: str, cpus: float,
+                            gpus: float | None) -> None:
+    """Refuse per-trial resources that no node type of a cluster file declares."""
+    types = cfg.get("available_node_types") or {}
+    head = cfg.get("head_node_type")
+    declared = [t.get("resources") for n, t in types.items()
+                if n != head or len(types) == 1]
+    if not declared or any(r is None or "CPU" not in r for r in declared):
+        return  # some node type's size is detected at launch: cannot know in advance
+    fits = [r for r in declared if float(r.get("CPU", 0)) >= cpus
+            and float(r.get("GPU", 0)) >= (gpus or 0)]
+    if not fits:
+        most_c = max(float(r.get("CPU", 0)) for r in declared)
+        most_g = max(float(r.get("GPU", 0)) for r in declared)
+        raise SweepError(f"{where}: no node type has {cpus:g} CPU and {gpus or 0:g} GPU for "
+                         f"one trial (the largest: {most_c:g} CPU, {most_g:g} GPU); lower "
+                         "--cpus-per-trial/--gpus-per-trial or declare a larger node type")
+
+
 def _gpus_per_trial(opts: SweepOptions) -> float:
     if opts.gpus_per_trial is not None:
         return float(opts.gpus_per_trial)
     return 0.25 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
 
 
-def prepare_db(plan: SweepPlan, db_url: str, *, resume: bool, threads: int) -> tuple[int, int]:
+def _plain_spec(spec: dict | None) -> dict | None:
+    """A stored spec without the run bookkeeping (:data:`STORAGE_KEY`)."""
+    if spec is None:
+        return None
+    return {k: v for k, v in spec.items() if k != STORAGE_KEY}
+
+
+def stored_storage(db_url: str, name: str) -> str | None:
+    """The Tune storage the sweep's last run used, as recorded in the database."""
+    from qkgeom.store import open_store
+
+    store = open_store(db_url, create=False, readonly=True)
+    try:
+        spec = store.sweep_spec(name)
+    finally:
+        store.close()
+    return None if spec is None else spec.get(STORAGE_KEY)
+
+
+def prepare_db(plan: SweepPlan, db_url: str, *, resume: bool, threads: int,
+               storage: str | None = None) -> tuple[int, int]:
     """Insert the sweep and every trial (pending) before anything runs.
 
     Returns ``(sweep_id, n_interrupted)``; on resume, rows a dead driver left ``running``
-    become ``interrupted`` first.
+    become ``interrupted`` first. ``storage`` (the Tune storage root of this run) is
+    recorded in the stored spec under :data:`STORAGE_KEY`, for later resumes.
     """
     from qkgeom.store import open_store
 
     store = open_store(db_url)
     try:
-        stored = store.sweep_spec(plan.name)
+        raw = store.sweep_spec(plan.name)
+        stored = _plain_spec(raw)
+        storage = storage or (raw or {}).get(STORAGE_KEY)  # keep the recorded one
         if stored is not None and not resume:
             raise SweepError(
                 f"sweep {plan.name!r} already exists in {store.safe_url}; continue it with "
@@ -569,7 +682,8 @@ def prepare_db(plan: SweepPlan, db_url: str, *, resume: bool, threads: int) -> t
                 f"sweep {plan.name!r} in {store.safe_url} was started with a different spec; "
                 f"resume it as stored with qkgeom sweep --resume --name {plan.name} (no "
                 "--preset/--spec/--set), or start a new --name")
-        sid = store.ensure_sweep(plan.name, plan.spec, code_version())
+        spec = dict(plan.spec, **({STORAGE_KEY: storage} if storage else {}))
+        sid = store.ensure_sweep(plan.name, spec, code_version())
         n_int = store.mark_running_interrupted(sid) if resume else 0
         for t in plan.trials:
             cfg = dict(t.config, threads=threads)
@@ -581,10 +695,19 @@ def prepare_db(plan: SweepPlan, db_url: str, *, resume: bool, threads: int) -> t
 
 
 def plan_for_resume(name: str, db_url: str) -> SweepPlan:
-    """Rebuild the plan of sweep ``name`` from the spec stored in the database."""
-    from qkgeom.store import open_store
+    """Rebuild the plan of sweep ``name`` from the spec stored in the database.
 
-    store = open_store(db_url)
+    Opens the database without creating it: a resume of a sweep that is not there
+    leaves no new file or schema behind.
+    """
+    from qkgeom.store import open_store
+    from qkgeom.store.engine import sqlite_path
+
+    path = sqlite_path(db_url) if db_url.startswith("sqlite") else None
+    if path is not None and not Path(path).exists():
+        raise SweepError(f"no sweep named {name!r} to resume: there is no database at {path} "
+                         "(check --db; start a new sweep without --resume)")
+    store = open_store(db_url, create=False, readonly=True)
     try:
         sweeps = store.sweeps()
         row = sweeps.filter(sweeps["name"] == name)
@@ -592,7 +715,7 @@ def plan_for_resume(name: str, db_url: str) -> SweepPlan:
             names = ", ".join(sweeps["name"].to_list()) or "none"
             raise SweepError(f"no sweep named {name!r} in {store.safe_url} (sweeps: {names}); "
                              "start it without --resume")
-        spec = json.loads(row["spec"][0])
+        spec = _plain_spec(json.loads(row["spec"][0]))
     finally:
         store.close()
     return build_plan(spec, name=name)
@@ -637,9 +760,24 @@ def _run_phase(plan: SweepPlan, trials: list[TrialSpec], exp_name: str, opts: Sw
                          f"continue it with: qkgeom sweep --resume --name {plan.name} "
                          "(or pick another --name)")
     finished = frozenset()
-    if restore:
+    if opts.resume:  # the database, not Tune's snapshot, decides what is finished
         statuses = trial_statuses(_DRIVER["db_url"], plan.name)
         finished = frozenset(k for k, v in statuses.items() if v == "terminated")
+    if opts.resume and not restore:
+        # no Tune experiment here (another --storage, or it was deleted): run only what
+        # the database does not hold as finished, from scratch, in a new experiment
+        todo = [t for t in trials if t.key not in finished]
+        say = _DRIVER.get("say", print)
+        if not todo:
+            say(f"no Ray experiment at {path}, and the database holds all {len(trials)} "
+                "trial(s) as finished: nothing to run")
+            return None
+        if len(todo) < len(trials):
+            say(f"no Ray experiment at {path}: running the {len(todo)} unfinished trial(s) "
+                f"of {len(trials)} afresh; the {len(trials) - len(todo)} finished stay as "
+                "stored")
+        trials = todo
+        finished = frozenset()
     _DRIVER["finished"] = finished
     fn = tune.with_resources(
         tune.with_parameters(trainable, db_url=direct_url, finished=finished,
@@ -671,7 +809,84 @@ def _run_phase(plan: SweepPlan, trials: list[TrialSpec], exp_name: str, opts: Sw
                 verbose=0,
             ),
         )
-    return tuner.fit()
+    _DRIVER["in_fit"], _DRIVER["forwarded"] = True, False
+    try:
+        return tuner.fit()
+    finally:
+        _DRIVER["in_fit"] = False
+
+
+# ---------------------------------------------------------------------- signals
+def _on_signal(signum: int, frame: Any) -> None:
+    """SIGINT/SIGTERM in the driver: stop Tune gracefully (once), then record the truth.
+
+    Inside ``fit`` the stop goes through Tune's own SIGUSR1 handler (the graceful path:
+    trials stop, the experiment state is saved); :func:`run_sweep` then marks the trials
+    that were running as ``interrupted``. A second signal, or one outside ``fit``, raises
+    KeyboardInterrupt at once.
+    """
+    if _DRIVER.get("interrupted") or not _DRIVER.get("in_fit"):
+        _DRIVER.setdefault("interrupted", signal.Signals(signum).name)
+        raise KeyboardInterrupt
+    _DRIVER["interrupted"] = signal.Signals(signum).name
+    _forward_stop(final=False)
+
+
+def _forward_stop(final: bool = True) -> None:
+    """Ask Tune to stop, through the handler ``fit`` installs for SIGUSR1 (if it has).
+
+    From the signal handler the installed one may still be an older ``fit``'s (the
+    signal came before this one's setup), so it is called again from Tune's loop
+    (``Progress.on_step_begin``, ``final=True``) once, where it is this ``fit``'s."""
+    h = signal.getsignal(signal.SIGUSR1)
+    if callable(h) and h is not _on_signal and not _DRIVER.get("forwarded"):
+        _DRIVER["forwarded"] = final
+        h(signal.SIGUSR1, None)
+
+
+def _install_signal_handlers() -> dict[int, Any]:
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # ours forwards to Tune's SIGUSR1
+    old = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        old[sig] = signal.getsignal(sig)
+        signal.signal(sig, _on_signal)
+    return old
+
+
+def _restore_signal_handlers(old: dict[int, Any]) -> None:
+    for sig, h in old.items():
+        signal.signal(sig, h)
+
+
+def mark_interrupted(db_url: str, sweep: str, why: str) -> int:
+    """Trials of ``sweep`` still ``running`` -> ``interrupted``, the step they reached
+    (their last probe) in the error column. Returns how many."""
+    from qkgeom.store import open_store
+
+    store = open_store(db_url)
+    try:
+        sid = store.require_sweep(sweep)
+        trials = store.trials(sweep).filter(status="running")
+        if trials.height == 0:
+            return 0
+        last = dict(store.sql(
+            "SELECT p.trial_id, MAX(p.step) AS step FROM probes p JOIN trials t "
+            "ON t.id = p.trial_id WHERE t.sweep_id = :s GROUP BY p.trial_id",
+            {"s": sid}).iter_rows())
+        for tid, cfg in zip(trials["id"], trials["config"]):
+            ms = json.loads(cfg).get("max_steps")
+            step = last.get(tid)
+            at = "before its first probe" if step is None else \
+                f"at step {step} of {ms} (its last probe)"
+            store.set_trial_status(int(tid), "interrupted",
+                                   error=f"interrupted by {why} {at}")
+        return trials.height
+    finally:
+        store.close()
 
 
 def run_sweep(plan: SweepPlan, opts: SweepOptions) -> dict[str, Any]:
@@ -679,7 +894,7 @@ def run_sweep(plan: SweepPlan, opts: SweepOptions) -> dict[str, Any]:
 
     Returns a summary: ``{"name", "wall_s", "trials": {key: status}, "errors": n}``.
     """
-    from qkgeom.store import resolve_url, safe_url
+    from qkgeom.store import resolve_url
 
     t0 = time.perf_counter()
     db_url = _absolute_sqlite(resolve_url(opts.db_url))
@@ -691,31 +906,87 @@ def run_sweep(plan: SweepPlan, opts: SweepOptions) -> dict[str, Any]:
                   if "://" not in (opts.storage or "") else opts.storage)
     threads = max(1, int(opts.cpus_per_trial))
     path = experiment_path(plan.name, storage)
+    if opts.resume and opts.storage is None:  # no --storage: the one the sweep ran with
+        try:
+            storage = stored_storage(db_url, plan.name) or storage
+        except QkgeomError:
+            pass
+        path = experiment_path(plan.name, storage)
+    if opts.resume:
+        _check_resume_storage(plan.name, db_url, storage)
     if not opts.resume and tune.Tuner.can_restore(path):  # refuse before starting Ray
         raise SweepError(f"sweep {plan.name!r} already has a Ray experiment at {path}; "
                          f"continue it with: qkgeom sweep --resume --name {plan.name} "
                          "(or pick another --name)")
+    check_resources(opts)  # before anything is created or started
     # local Ray: the corpus is downloaded and encoded here, once, before any trial starts (a
     # bad --data fails here). On a cluster the first trial on each node does it and the
     # node's other trials wait on the cache's lock (qkgeom.data), then open the result.
     if opts.address is None:
         for dataset in sorted({t.config.get("dataset", "default") for t in plan.trials}):
             _corpus(dataset)
-    sid, n_int = prepare_db(plan, db_url, resume=opts.resume, threads=threads)
+    sid, n_int = prepare_db(plan, db_url, resume=opts.resume, threads=threads,
+                            storage=storage)
     say = (lambda *a: None) if opts.quiet else (lambda *a: print(*a, flush=True))
     if n_int:
         say(f"marked {n_int} trial(s) left running by a dead driver as interrupted")
     _DRIVER["db_url"] = db_url
     _DRIVER["storage"] = storage
+    _DRIVER["say"] = say
+    for k in ("interrupted", "forwarded"):
+        _DRIVER.pop(k, None)
+    _DRIVER["plan_steps"] = {t.key: int(t.config["max_steps"]) for t in plan.trials}
+    _DRIVER["finished_before"] = frozenset(
+        k for k, v in trial_statuses(db_url, plan.name).items() if v == "terminated")
+    try:
+        return _run(plan, opts, db_url, storage, threads, sid, t0, say)
+    except KeyboardInterrupt:
+        why = _DRIVER.get("interrupted") or "SIGINT"
+        try:
+            mark_interrupted(db_url, plan.name, why)
+        except Exception:  # the record is best effort on a hard stop; resume fixes it
+            pass
+        raise
+    finally:
+        _restore_signal_handlers(_DRIVER.pop("old_handlers", {}))
+
+
+def _check_resume_storage(name: str, db_url: str, storage: str) -> None:
+    """Refuse a resume pointed at the wrong Tune storage while the sweep's experiment
+    exists at the storage its last run recorded (it would lose the trials' checkpoints)."""
+    try:
+        first = stored_storage(db_url, name)
+    except QkgeomError:
+        return  # no database or no sweep yet: nothing recorded
+    if not first or first == storage or tune.Tuner.can_restore(experiment_path(name, storage)):
+        return
+    try:
+        there = tune.Tuner.can_restore(experiment_path(name, first))
+    except Exception:  # unreachable storage: resume here, from the database
+        there = False
+    if there:
+        raise SweepError(f"sweep {name!r} ran with --storage {first}, where its Ray "
+                         f"experiment is; resume it with: qkgeom sweep --resume --name {name} "
+                         f"--storage {first}")
+
+
+def _run(plan: SweepPlan, opts: SweepOptions, db_url: str, storage: str, threads: int,
+         sid: int, t0: float, say: Any) -> dict[str, Any]:
+    from qkgeom.store import safe_url
+
     _init_ray(opts)
+    # after ray.init, whose core worker installs its own SIGTERM handler (it logs and dies)
+    _DRIVER["old_handlers"] = _install_signal_handlers()
     gpus = _gpus_per_trial(opts)
+    if opts.address is not None:
+        _warn_unplaceable(opts.cpus_per_trial, gpus, say)
     say(f"sweep {plan.name}: {len(plan.trials)} trials, {opts.cpus_per_trial:g} CPU and "
         f"{gpus:g} GPU per trial, database {safe_url(db_url)}, Ray storage "
         f"{experiment_path(plan.name, storage)}")
     first = [t for t in plan.trials if not t.needs_baseline]
     later = [t for t in plan.trials if t.needs_baseline]
     _run_phase(plan, first, f"{EXPERIMENT_PREFIX}{plan.name}", opts, storage, threads, gpus)
-    if later:
+    if later and not _DRIVER.get("interrupted"):
         # arms whose target is a fraction of the paired baseline's W_K PR: fill it from the
         # baselines that just finished, then run them as a second experiment
         prs = _baseline_prs(db_url, plan.name, plan)
@@ -728,10 +999,13 @@ def run_sweep(plan: SweepPlan, opts: SweepOptions) -> dict[str, Any]:
         say(f"sweep {plan.name}: {len(filled)} arm trial(s) with baseline-relative targets")
         _run_phase(plan, filled, f"{EXPERIMENT_PREFIX}{plan.name}-arms", opts, storage,
                    threads, gpus)
+    why = _DRIVER.get("interrupted")
+    if why:
+        mark_interrupted(db_url, plan.name, why)
     statuses = trial_statuses(db_url, plan.name)
     return {"name": plan.name, "wall_s": time.perf_counter() - t0, "trials": statuses,
             "errors": sum(1 for s in statuses.values() if s != "terminated"),
-            "db_url": db_url, "sweep_id": sid}
+            "db_url": db_url, "sweep_id": sid, "interrupted": why}
 
 
 def _store_configs(db_url: str, sweep: str, trials: list[TrialSpec], threads: int) -> None:
@@ -759,9 +1033,31 @@ def trial_statuses(db_url: str, sweep: str) -> dict[str, str]:
 
 
 def shutdown() -> None:
-    """Disconnect from Ray (stopping a local instance) and remove our scratch dir."""
+    """Disconnect from Ray (stopping a local instance) and remove our scratch dir.
+
+    A local instance's processes (GCS, raylet, workers: all descendants of this driver)
+    are waited for and, if still there after a few seconds, killed: none outlives us.
+    """
+    procs = []
     if ray.is_initialized():
+        if "ray_tmp" in _DRIVER:
+            try:
+                import psutil
+
+                procs = psutil.Process().children(recursive=True)
+            except Exception:
+                procs = []
         ray.shutdown()
+    if procs:
+        import psutil
+
+        _, alive = psutil.wait_procs(procs, timeout=15)
+        for p in alive:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(alive, timeout=5)
     tmp = _DRIVER.pop("ray_tmp", None)
     if tmp:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -820,6 +1116,16 @@ def validate_cluster_file(path: str | Path) -> dict[str, Any]:
     ptype = provider.get("type")
     if not ptype:
         raise ClusterConfigError(f"{where}: provider.type: missing (aws, gcp, local, ...)")
+    from ray.autoscaler._private.providers import _NODE_PROVIDERS
+
+    known = sorted(set(_NODE_PROVIDERS) - {"fake_multinode_docker"})
+    if ptype not in _NODE_PROVIDERS:
+        import difflib
+
+        near = difflib.get_close_matches(str(ptype), known, n=1)
+        hint = f"did you mean {near[0]!r}? " if near else ""
+        raise ClusterConfigError(f"{where}: provider.type: unknown cloud {ptype!r}; {hint}"
+                                 f"use one of {', '.join(known)}")
     types = cfg.get("available_node_types")
     if ptype != "local" and not types:
         raise ClusterConfigError(f"{where}: available_node_types: missing; declare a head "
@@ -872,6 +1178,18 @@ def validate_cluster_file(path: str | Path) -> dict[str, Any]:
         raise ClusterConfigError(f"{where}: rejected by Ray's cluster launcher: {msg}") \
             from None
     return cfg
+
+
+def check_ssh_keys(cfg: dict[str, Any], where: str) -> None:
+    """Refuse SSH key files the cluster file names but this machine lacks (checked at
+    launch, not by :func:`validate_cluster_file`: a file valid here may name keys that
+    exist only on the machine that launches it)."""
+    auth = cfg.get("auth") or {}
+    for key in ("ssh_private_key", "ssh_public_key"):
+        if auth.get(key) and not Path(str(auth[key])).expanduser().is_file():
+            raise ClusterConfigError(
+                f"{where}: auth.{key}: {auth[key]} does not exist; create the key pair "
+                f"(ssh-keygen -t ed25519 -f {auth[key]}) or fix the path")
 
 
 def _q(s: str) -> str:
@@ -951,6 +1269,8 @@ def launch_on_cluster(cluster_file: str, *, plan: SweepPlan | None, name: str,
                           for n, t in types.items() if n != cfg.get("head_node_type"))
     if gpus_per_trial is None and has_gpu_workers:
         gpus_per_trial = 0.25  # the autoscaler sees no GPU before a worker exists
+    check_cluster_resources(cfg, cluster_file, cpus_per_trial, gpus_per_trial)
+    check_ssh_keys(cfg, cluster_file)
     if has_gpu_workers and not (storage and "://" in storage):
         out("warning: a multi-node cluster needs shared Tune storage; pass --storage "
             "s3://... or gs://... (a head-local path fails once trials run on workers)")

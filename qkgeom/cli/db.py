@@ -73,7 +73,7 @@ def db_current(db: str | None) -> None:
 @db_option
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json", "parquet"]),
               default="table", show_default=True, help="Output format.")
-@click.option("--out", type=click.Path(dir_okay=False, writable=True), default=None,
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Write to this file instead of stdout (needed for parquet on a terminal).")
 @click.option("--write", is_flag=True,
               help="Allow statements that modify the database (otherwise it is opened "
@@ -93,6 +93,8 @@ def query(db: str | None, fmt: str, out: str | None, write: bool, sql: str) -> N
 
         if fmt == "parquet" and out is None and sys.stdout.isatty():
             raise click.UsageError("parquet is binary: give --out FILE (or redirect stdout)")
+        if out is not None:
+            _check_out(out)
         store = open_store(db, create=False, readonly=not write)
         try:
             if write:
@@ -101,10 +103,26 @@ def query(db: str | None, fmt: str, out: str | None, write: bool, sql: str) -> N
                     click.echo(f"{rowcount} row(s) affected", err=True)
                     return
             else:
-                df = store.sql(sql)
+                from qkgeom.store.readonly import run_readonly
+
+                df = run_readonly(store, sql)
         finally:
             store.close()
-        _emit(df, fmt, out)
+        try:
+            _emit(df, fmt, out)
+        except OSError as e:
+            raise click.ClickException(f"cannot write {out}: {e.strerror or e}; give a "
+                                       "writable --out") from None
+
+
+def _check_out(out: str) -> None:
+    """Refuse an --out that cannot be written before the query runs."""
+    from pathlib import Path
+
+    parent = Path(out).parent
+    if not parent.is_dir():
+        raise click.ClickException(f"cannot write {out}: directory {parent} does not exist; "
+                                   "create it first or give another --out")
 
 
 def _emit(df, fmt: str, out: str | None) -> None:  # type: ignore[no-untyped-def]

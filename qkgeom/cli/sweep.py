@@ -44,7 +44,7 @@ DB_HELP = "Results database URL or SQLite file (default: $QKGEOM_DB, else sqlite
               "has GPUs, else 0).")
 @click.option("--cpus-per-trial", type=float, default=1.0, show_default=True,
               help="CPUs per trial (also its torch thread count).")
-@click.option("--max-concurrent", type=int, default=None,
+@click.option("--max-concurrent", type=click.IntRange(min=1), default=None,
               help="At most this many trials at once (default: as resources allow).")
 @click.option("--max-failures", type=int, default=2, show_default=True,
               help="Retries per trial, each from its last checkpoint.")
@@ -128,8 +128,12 @@ def sweep(preset_name: str | None, spec_file: str | None, name: str | None, db: 
                             prune_age_s=prune_age)
         try:
             summary = run_sweep(plan, opts)
+        except KeyboardInterrupt:  # a second signal, or one outside Tune's loop
+            summary = None
         finally:
             shutdown()
+        if summary is None or summary.get("interrupted"):
+            _report_interrupted(plan.name, db)
         rows = status_rows(summary["db_url"], plan.name)
         click.echo("")
         click.echo(format_status(rows))
@@ -147,6 +151,34 @@ def sweep(preset_name: str | None, spec_file: str | None, name: str | None, db: 
             raise click.ClickException(
                 f"{n_err} trial(s) did not finish; retry them from their checkpoints with: "
                 f"qkgeom sweep --resume --name {plan.name}" + (f" --db '{url}'" if db else ""))
+
+
+def _report_interrupted(name: str, db: str | None) -> None:
+    """After SIGINT/SIGTERM: the table and a last line from the database, then exit
+    128 + the signal's number (the trials that were running are ``interrupted``)."""
+    import signal
+    import sys
+
+    from qkgeom.store import resolve_url, safe_url
+    from qkgeom.tune import _DRIVER, _absolute_sqlite
+
+    why = _DRIVER.get("interrupted") or "SIGINT"
+    url = _absolute_sqlite(resolve_url(db))
+    try:
+        rows = status_rows(url, name)
+    except Exception:  # the sweep may not have reached the database
+        rows = []
+    if rows:
+        click.echo("")
+        click.echo(format_status(rows))
+    n = {s: sum(1 for r in rows if r["status"] == s) for s in
+         ("terminated", "interrupted", "pending", "error")}
+    click.echo(f"\nsweep {name} interrupted by {why}: {n['terminated']}/{len(rows)} trials "
+               f"terminated, {n['interrupted']} interrupted, {n['pending']} not started"
+               + (f", {n['error']} failed" if n["error"] else "")
+               + f"; continue with: qkgeom sweep --resume --name {name}"
+               + (f" --db '{safe_url(url)}'" if db else ""), err=False)
+    sys.exit(128 + int(getattr(signal, why, signal.SIGINT)))
 
 
 def _is_pg(db: str) -> bool:

@@ -61,8 +61,12 @@ class ProgressLine:
               help="Keep a checkpoint at every probe under OUT/checkpoints.")
 @click.option("--resume", "resume_dir", type=click.Path(exists=True, file_okay=False),
               default=None, help="Continue from a checkpoint directory (OUT/checkpoints/step_N).")
+@click.option("--overwrite", is_flag=True,
+              help="Reuse a non-empty --out: delete its earlier probes.jsonl, result.json "
+              "and checkpoints first.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
-def train(preset_name, data, sets, out, db, sweep_name, checkpoints, resume_dir, quiet):
+def train(preset_name, data, sets, out, db, sweep_name, checkpoints, resume_dir, overwrite,
+          quiet):
     """Train one trial and probe its Q/K geometry as it trains."""
     with user_errors():
         from qkgeom.config import preset
@@ -73,6 +77,15 @@ def train(preset_name, data, sets, out, db, sweep_name, checkpoints, resume_dir,
         if data:
             cfg = cfg.with_overrides({"dataset": data})
         cfg = cfg.with_overrides(list(sets))
+        if out and Path(out).is_dir() and any(Path(out).iterdir()) and not resume_dir:
+            if not overwrite:
+                from qkgeom.errors import QkgeomError
+
+                raise QkgeomError(
+                    f"--out {out} is not empty (an earlier run's files); give a new --out, "
+                    "--overwrite to replace them, or --resume OUT/checkpoints/step_N to "
+                    "continue that run")
+            _clear_run_dir(Path(out))
         from qkgeom.data import load_corpus
 
         corpus = load_corpus(cfg.dataset)  # fails before anything is written
@@ -115,6 +128,15 @@ def train(preset_name, data, sets, out, db, sweep_name, checkpoints, resume_dir,
     if sink.store is not None:
         click.echo(f"recorded as trial {sink.trial_key!r} of sweep {sweep_name!r} in "
                    f"{sink.url_shown}")
+
+
+def _clear_run_dir(run_dir: Path) -> None:
+    """Remove what an earlier ``qkgeom train`` wrote into ``run_dir`` (--overwrite)."""
+    import shutil
+
+    for name in ("config.json", "probes.jsonl", "result.json"):
+        (run_dir / name).unlink(missing_ok=True)
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
 
 
 class Recorder:

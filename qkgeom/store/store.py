@@ -497,8 +497,8 @@ class Store:
         with self._read() as conn:
             result = _run(conn, query, params)
             if not result.returns_rows:
-                raise QkgeomError("the statement returned no rows; use Store.execute to "
-                                  "run statements that modify the database")
+                raise QkgeomError("the statement returned no rows; statements that modify "
+                                  "the database need --write (Store.execute in Python)")
             return _result_frame(result)
 
     def execute(self, query: str, params: dict | None = None) -> tuple[Any, int]:

@@ -1,0 +1,534 @@
+"""The fault catalogue as tests: SQL tricks against ``qkgeom query`` without ``--write``,
+bad inputs, signals to a running sweep, and resume after the Tune experiment is lost.
+
+Each case asserts the database afterwards (row counts, states, the SQLite file's bytes)
+on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+import pytest
+from conftest_store import invoke, make_record
+from sweep_fixtures import scratch  # noqa: F401
+
+from qkgeom.store import TABLES, open_store
+
+pytest_plugins = ["store_fixtures"]  # db_url, sqlite_url, pg_url
+
+
+# ---------------------------------------------------------------------- SQL tricks
+@pytest.fixture
+def filled(db_url):
+    """One sweep, two trials with probes; the store is closed before the test runs."""
+    with open_store(db_url) as store:
+        sid = store.ensure_sweep("grid", {"seeds": [0, 1]}, "v1")
+        for seed in (0, 1):
+            tid = store.ensure_trial(sid, f"s{seed}", {"seed": seed}, depth=2,
+                                     init="gaussian", arm="none", seed=seed)
+            store.write_probes(tid, [make_record(s, n_layer=2, n_head=2, history=2)
+                                     for s in (0, 10)])
+            store.add_checkpoint(tid, 10, f"/ckpt/{seed}")
+            store.set_trial_status(tid, "terminated")
+    return db_url
+
+
+def _counts(url: str) -> dict[str, int]:
+    with open_store(url, create=False, readonly=True) as store:
+        return {t: int(store.sql(f"SELECT COUNT(*) FROM {t}").item()) for t in TABLES}
+
+
+def _statuses(url: str) -> list[tuple]:
+    with open_store(url, create=False, readonly=True) as store:
+        return list(store.sql("SELECT id, status, attempts FROM trials ORDER BY id").iter_rows())
+
+
+def _files(d: Path) -> dict[str, str]:
+    """Every file under ``d`` with its hash (SQLite's -wal/-shm side files by name only:
+    a reader of a WAL database may create them, empty)."""
+    out = {}
+    for p in sorted(d.rglob("*")):
+        if p.is_file():
+            side = p.name.endswith(("-wal", "-shm"))
+            out[str(p.relative_to(d))] = "" if side else hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+# (sql, note): every one must be refused with a one-line error naming --write and change
+# nothing; {tmp} is the test's directory (files a trick would create land there)
+TRICKS = [
+    ("DELETE FROM trials", "plain write"),
+    ("UPDATE trials SET status = 'error'", "plain write"),
+    ("INSERT INTO sweeps (name, spec, code_version, created_at) "
+     "VALUES ('x', '{}', 'v', CURRENT_TIMESTAMP)", "plain write"),
+    ("DROP TABLE checkpoints", "DDL"),
+    ("ALTER TABLE trials ADD COLUMN x INTEGER", "DDL"),
+    ("CREATE TABLE x (a INTEGER)", "DDL"),
+    ("CREATE TEMP TABLE x AS SELECT 1 AS a", "temp tables are writable in read-only PG"),
+    ("TRUNCATE trials", "PG write"),
+    ("COMMIT; BEGIN READ WRITE; DELETE FROM trials WHERE id = (SELECT MAX(id) FROM trials); "
+     "COMMIT", "issue 12 row 1"),
+    ("SELECT set_config('default_transaction_read_only', 'off', false); COMMIT; "
+     "DELETE FROM trials WHERE id = (SELECT MAX(id) FROM trials)", "issue 12 row 2"),
+    ("SELECT 1; DELETE FROM trials", "two statements"),
+    ("SELECT 1 -- comment\n; DELETE FROM trials", "two statements behind a comment"),
+    ("COMMIT", "transaction control"),
+    ("/* hi */ COMMIT", "transaction control behind a comment"),
+    ("ROLLBACK", "transaction control"),
+    ("BEGIN READ WRITE", "transaction control"),
+    ("BEGIN", "transaction control"),
+    ("SAVEPOINT a", "transaction control"),
+    ("RELEASE a", "transaction control"),
+    ("SET TRANSACTION READ WRITE", "transaction mode"),
+    ("SET default_transaction_read_only = off", "session setting"),
+    ("SET ROLE postgres", "role switch"),
+    ("RESET ALL", "session reset"),
+    ("SELECT set_config('default_transaction_read_only', 'off', false)", "session setting"),
+    ("SELECT set_config('transaction_read_only', 'off', true)", "transaction mode"),
+    ("SELECT pg_catalog.\"set_config\"('role', 'none', false)", "quoted function name"),
+    ("DO $$BEGIN DELETE FROM trials; END$$", "anonymous code block"),
+    ("CALL nosuch()", "procedure"),
+    ("COPY trials TO PROGRAM 'touch {tmp}/pwned'", "COPY to a program"),
+    ("COPY (SELECT 1) TO '{tmp}/copy.csv'", "COPY to a server file"),
+    ("COPY trials FROM '/etc/hostname'", "COPY into a table"),
+    ("WITH d AS (DELETE FROM trials RETURNING id) SELECT * FROM d", "writing CTE"),
+    ("SELECT * INTO newtable FROM trials", "SELECT INTO creates a table"),
+    ("SELECT * FROM trials FOR UPDATE", "row locks"),
+    ("EXPLAIN ANALYZE DELETE FROM trials", "EXPLAIN ANALYZE runs its statement"),
+    ("SELECT pg_terminate_backend(pg_backend_pid())", "signals another backend"),
+    ("SELECT pg_reload_conf()", "server-wide effect"),
+    ("SELECT lo_import('/etc/hostname')", "large object from a server file"),
+    ("SELECT nextval('trials_id_seq')", "sequence advance"),
+    ("SELECT dblink_exec('dbname=postgres', 'DELETE FROM trials')", "another database"),
+    ("SELECT query_to_xml('DELETE FROM trials RETURNING 1', true, true, '')", "runs SQL text"),
+    ("PREPARE p AS DELETE FROM trials", "prepared write"),
+    ("DECLARE c CURSOR WITH HOLD FOR SELECT 1", "cursor outliving the transaction"),
+    ("LOAD 'plpgsql'", "loads a library"),
+    ("NOTIFY qkgeom", "notification"),
+    ("LISTEN qkgeom", "listener"),
+    ("VACUUM", "maintenance"),
+    ("VACUUM INTO '{tmp}/copy.db'", "SQLite: writes a new file"),
+    ("ANALYZE", "maintenance (writes statistics)"),
+    ("REINDEX trials", "maintenance"),
+    ("ATTACH DATABASE '{tmp}/attached.db' AS e", "SQLite: creates a file"),
+    ("DETACH DATABASE main", "SQLite"),
+    ("PRAGMA writable_schema = 1", "SQLite: issue 12 row 4"),
+    ("PRAGMA journal_mode = DELETE", "SQLite: changes the file"),
+    ("PRAGMA query_only = 0", "SQLite"),
+    ("PRAGMA user_version = 7", "SQLite: writes the header"),
+    ("SELECT load_extension('/nonexistent')", "SQLite: loads code"),
+]
+
+
+SQLITE_ONLY = ("VACUUM INTO", "ATTACH", "DETACH", "PRAGMA", "load_extension")
+PG_ONLY = ("TRUNCATE", "SET ", "RESET", "DO ", "CALL", "COPY", "pg_", "lo_", "nextval",
+           "dblink", "query_to_xml", "PREPARE", "DECLARE", "LOAD", "NOTIFY", "LISTEN",
+           "set_config", "INTO newtable", "EXPLAIN", "FOR UPDATE", "BEGIN READ WRITE", "WITH d AS (DELETE")
+
+
+def _foreign(sql: str, backend: str) -> bool:
+    """A statement of the other backend's dialect: refused as unknown is fine too."""
+    if sql.startswith("COMMIT; BEGIN") or "; COMMIT" in sql:
+        return False  # the issue's rows: both backends must name --write
+    words = SQLITE_ONLY if backend == "postgresql" else PG_ONLY
+    return any(w in sql for w in words)
+
+
+@pytest.mark.parametrize("sql,note", TRICKS, ids=[f"{i:02d}" for i in range(len(TRICKS))])
+def test_query_without_write_changes_nothing(filled, tmp_path, sql, note):
+    url = filled
+    work = tmp_path / "work"
+    work.mkdir()
+    before = _counts(url), _statuses(url), _files(tmp_path)
+    r = invoke("query", "--db", url, sql.replace("{tmp}", str(work)))
+    out = r.output.strip()
+    assert r.exit_code != 0, f"{note}: ran: {out}"
+    assert out.startswith("Error: ") and "\n" not in out and "Traceback" not in out, out
+    backend = "sqlite" if url.startswith("sqlite") else "postgresql"
+    if _foreign(sql, backend):  # the backend does not know the statement at all
+        assert re.search(r"syntax error|no such|does not exist|not authorized|--write", out), out
+    else:
+        assert "--write" in out, out
+    assert "Store.execute" not in out
+    assert (_counts(url), _statuses(url), _files(tmp_path)) == before, note
+    assert not any(work.iterdir()), f"{note}: created {list(work.iterdir())}"
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT COUNT(*) AS n FROM trials",
+    "  -- a comment first\n  SELECT COUNT(*) AS n FROM trials",
+    "/* a comment */ SELECT COUNT(*) AS n FROM trials",
+    "WITH x AS (SELECT id FROM trials) SELECT COUNT(*) AS n FROM x",
+    "SELECT COUNT(*) AS n FROM v_final WHERE metric LIKE 'pr%'  ;  -- done",
+    "SELECT COUNT(*) AS n FROM trials WHERE trial_key <> 'a;b'",
+])
+def test_reading_statements_still_work(filled, tmp_path, sql):
+    before = _files(tmp_path)
+    r = invoke("query", "--db", filled, "--format", "csv", sql)
+    assert r.exit_code == 0, r.output
+    head, value = r.output.split()
+    assert head == "n" and int(value) > 0
+    assert _files(tmp_path) == before
+
+
+@pytest.mark.parametrize("sql", ["/* a /* nested */ comment */ SELECT COUNT(*) AS n FROM trials",
+                                 "(SELECT COUNT(*) AS n FROM trials)"])
+def test_postgres_only_query_forms(pg_url, sql):
+    with open_store(pg_url) as store:
+        store.ensure_sweep("s", {}, "v")
+    r = invoke("query", "--db", pg_url, "--format", "csv", sql)
+    assert r.exit_code == 0, r.output
+    assert r.output.split() == ["n", "0"]
+
+
+def test_sqlite_metadata_queries_work(sqlite_url):
+    with open_store(sqlite_url):
+        pass
+    r = invoke("query", "--db", sqlite_url, "--format", "csv",
+               "SELECT name FROM pragma_table_info('trials') WHERE name = 'attempts'")
+    assert r.exit_code == 0, r.output
+    assert r.output.split() == ["name", "attempts"]
+    r = invoke("query", "--db", sqlite_url, "PRAGMA table_info(trials)")
+    assert r.exit_code == 0, r.output
+
+
+def test_issue_acceptance_set_config_commit_delete(pg_url):
+    """The acceptance line of issue 12, through a real subprocess."""
+    import subprocess
+    import sys
+
+    with open_store(pg_url) as store:
+        sid = store.ensure_sweep("keep", {}, "v")
+        store.ensure_trial(sid, "t", {}, depth=2, init="gaussian", arm="none", seed=0)
+    before = _counts(pg_url)
+    p = subprocess.run(
+        [sys.executable, "-c", "from qkgeom.cli import main; main()", "query", "--db", pg_url,
+         "SELECT set_config('default_transaction_read_only','off',false); COMMIT; "
+         "DELETE FROM trials"], capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0
+    assert "--write" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert _counts(pg_url) == before and before["trials"] == 1
+
+
+# ---------------------------------------------------------------------- refused commands
+def _one_line(r) -> str:
+    out = r.output.strip()
+    assert r.exit_code != 0, out
+    assert out.startswith("Error: ") and "\n" not in out and "Traceback" not in out, out
+    return out
+
+
+@pytest.mark.parametrize("cmd", [
+    ["sweep", "--resume", "--name", "nosuch", "--db", "{db}"],
+    ["status", "--name", "nosuch", "--db", "{db}"],
+    ["query", "--db", "{db}", "SELECT 1"],
+    ["export", "--db", "{db}", "--out", "{tmp}/dump"],
+])
+def test_refused_commands_create_nothing(tmp_path, cmd):
+    db = tmp_path / "new.db"
+    out = _one_line(invoke(*[c.replace("{db}", str(db)).replace("{tmp}", str(tmp_path))
+                             for c in cmd]))
+    assert "new.db" in out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_resume_of_a_missing_sweep_adds_nothing_to_postgres(pg_url):
+    out = _one_line(invoke("sweep", "--resume", "--name", "nosuch", "--db", pg_url))
+    assert "no qkgeom schema" in out or "nosuch" in out
+    from sqlalchemy import create_engine, inspect
+
+    engine = create_engine(pg_url)
+    try:
+        assert inspect(engine).get_table_names() == []  # no schema was created
+    finally:
+        engine.dispose()
+
+
+# ---------------------------------------------------------------------- bad inputs
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_max_concurrent_must_be_positive(tmp_path):
+    r = invoke("sweep", "--preset", "smoke", "--max-concurrent", "0", "--db",
+               str(tmp_path / "r.db"))
+    assert r.exit_code != 0 and "--max-concurrent" in r.output and "x>=1" in r.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_invalid_yaml_spec_is_one_line_with_file_and_line(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: x\ngrid:\n  depths: [2\n  seeds: 1\n")
+    out = _one_line(invoke("sweep", "--spec", str(spec), "--db", str(tmp_path / "r.db")))
+    assert str(spec) in out and "line 4, column 8" in out
+    assert not (tmp_path / "r.db").exists()
+
+
+def test_invalid_toml_spec_is_one_line(tmp_path):
+    spec = tmp_path / "s.toml"
+    spec.write_text('name = "x"\n[grid\n')
+    out = _one_line(invoke("sweep", "--spec", str(spec), "--db", str(tmp_path / "r.db")))
+    assert str(spec) in out and "line 2" in out
+
+
+def test_toml_specs_need_tomli_before_python_311():
+    import tomllib
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert any(d.replace(" ", "").startswith("tomli") and "python_version<'3.11'"
+               in d.replace(" ", "").replace('"', "'") for d in deps), deps
+
+
+@pytest.mark.parametrize("out", ["{tmp}/missing/x.csv", "{tmp}/afile/x.csv"])
+def test_query_unwritable_out_is_one_line(filled, tmp_path, out):
+    (tmp_path / "afile").write_text("keep")
+    out = out.replace("{tmp}", str(tmp_path))
+    msg = _one_line(invoke("query", "--db", filled, "--format", "csv", "--out", out,
+                           "SELECT 1 AS a"))
+    assert "cannot write" in msg and "--out" in msg
+    assert (tmp_path / "afile").read_text() == "keep"
+
+
+def test_plot_unwritable_out_is_one_line(sqlite_url, tmp_path):
+    (tmp_path / "afile").write_text("keep")
+    with open_store(sqlite_url) as store:
+        sid = store.ensure_sweep("grid", {}, "v1")
+        tid = store.ensure_trial(sid, "s0", {}, depth=2, init="gaussian", arm="none", seed=0)
+        store.write_probes(tid, [make_record(s, n_layer=2, n_head=2) for s in (0, 10)])
+        store.set_trial_status(tid, "terminated")
+    for out in (tmp_path / "afile" / "x.png", tmp_path / "nodir" / "x.png"):
+        msg = _one_line(invoke("plot", "trajectories", "--db", sqlite_url, "--sweep", "grid",
+                               "--out", str(out)))
+        assert "does not exist" in msg or "cannot write" in msg
+    assert (tmp_path / "afile").read_text() == "keep"
+
+
+def test_train_refuses_a_non_empty_out(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "probes.jsonl").write_text('{"step": 0}\n')
+    out = _one_line(invoke("train", "--preset", "smoke", "--out", str(run), "--quiet"))
+    assert "not empty" in out and "--overwrite" in out
+    assert (run / "probes.jsonl").read_text() == '{"step": 0}\n'  # untouched
+
+
+def test_train_overwrite_replaces_the_old_run(wikitext_dir, tmp_path):
+    import json
+
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_0009999").mkdir(parents=True)
+    (run / "probes.jsonl").write_text('{"step": 999}\n')
+    r = invoke("train", "--preset", "smoke", "--data", str(wikitext_dir), "--out", str(run),
+               "--set", "max_steps=20", "--set", "probe_every=10", "--overwrite", "--quiet")
+    assert r.exit_code == 0, r.output
+    steps = [json.loads(x)["step"] for x in (run / "probes.jsonl").read_text().splitlines()]
+    assert steps == [0, 10, 20]  # nothing of the old run appended to
+    assert not (run / "checkpoints" / "step_0009999").exists()
+
+
+def test_cpus_per_trial_beyond_the_machine_is_refused_before_anything(tmp_path):
+    import os
+
+    n = os.cpu_count() or 1
+    out = _one_line(invoke("sweep", "--preset", "smoke", "--cpus-per-trial", str(n + 1),
+                           "--db", str(tmp_path / "r.db"), "--storage", str(tmp_path / "rs")))
+    assert "--cpus-per-trial" in out and f"{n} CPUs" in out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_gpus_per_trial_beyond_the_machine_is_refused(tmp_path):
+    from qkgeom.tune import _local_gpus
+
+    want = _local_gpus() + 1
+    out = _one_line(invoke("sweep", "--preset", "smoke", "--gpus-per-trial", str(want),
+                           "--db", str(tmp_path / "r.db"), "--storage", str(tmp_path / "rs")))
+    assert "--gpus-per-trial" in out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cluster_file_resources_no_node_can_hold_are_refused(tmp_path):
+    out = _one_line(invoke("sweep", "--preset", "smoke", "--cpus-per-trial", "999",
+                           "--cluster", str(ROOT / "cluster" / "aws.yaml")))
+    assert "no node type has 999 CPU" in out
+
+
+def _cluster_variant(tmp_path: Path, old: str, new: str) -> Path:
+    text = (ROOT / "cluster" / "local.yaml").read_text()
+    assert old in text
+    p = tmp_path / "c.yaml"
+    p.write_text(text.replace(old, new))
+    return p
+
+
+def test_cluster_provider_type_typo_names_the_fix(tmp_path):
+    p = _cluster_variant(tmp_path, "type: local", "type: locall")
+    out = _one_line(invoke("sweep", "--preset", "smoke", "--cluster", str(p)))
+    assert "provider.type" in out and "did you mean 'local'" in out
+
+
+def test_cluster_missing_ssh_key_names_the_fix(tmp_path):
+    key = tmp_path / "no_such_key"
+    p = _cluster_variant(tmp_path, "~/.ssh/qkgeom_ci_ed25519", str(key))
+    out = _one_line(invoke("sweep", "--preset", "smoke", "--cluster", str(p)))
+    assert "auth.ssh_private_key" in out and "ssh-keygen" in out and str(key) in out
+
+
+# ---------------------------------------------------------------------- signals, resume
+SIG_SPEC = """name: sig
+trial: {preset: smoke, overrides: {max_steps: 1500}}
+grid: {depths: [1], inits: [gaussian, orthogonal], seeds: [0]}
+"""
+
+
+def _start_sweep(d: Path, wikitext_dir: Path, db: str):
+    import subprocess
+
+    from sweep_fixtures import QKGEOM, cli_env
+
+    (d / "spec.yaml").write_text(SIG_SPEC)
+    log = open(d / "driver.log", "w")
+    # one trial at a time: the first finishes while the second is still running
+    proc = subprocess.Popen(
+        [QKGEOM, "sweep", "--spec", str(d / "spec.yaml"), "--db", db, "--data",
+         str(wikitext_dir), "--storage", str(d / "first"), "--max-concurrent", "1",
+         "--progress-every", "60"],
+        env=cli_env(d), stdout=log, stderr=subprocess.STDOUT, cwd=d,
+        start_new_session=True)
+    return proc, log
+
+
+def _trials(db: str) -> dict[str, tuple]:
+    try:
+        with open_store(db, create=False, readonly=True) as store:
+            df = store.trials("sig")
+    except Exception:  # not created yet
+        return {}
+    return {k: (s, a, e) for k, s, a, e in
+            zip(df["trial_key"], df["status"], df["attempts"], df["error"])}
+
+
+def _interrupt(d: Path, wikitext_dir: Path, db: str, sig: int) -> tuple[int, str, list]:
+    """Start the 2-trial sweep, send ``sig`` once the first trial finished and the
+    second has probed past step 0; returns (exit code, log, the driver's descendants)."""
+    import os
+    import signal
+    import time
+
+    import psutil
+
+    proc, log = _start_sweep(d, wikitext_dir, db)
+    kids: list = []
+    try:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline:
+            st = _trials(db)
+            if [s for s, _, _ in st.values()].count("terminated") == 1 and \
+                    _last_steps(db).get("d1-orthogonal-none-s0", 0) >= 40:
+                break
+            assert proc.poll() is None, (d / "driver.log").read_text()
+            time.sleep(0.3)
+        else:
+            pytest.fail("no progress:\n" + (d / "driver.log").read_text())
+        kids = psutil.Process(proc.pid).children(recursive=True)
+        assert kids  # Ray's processes
+        os.kill(proc.pid, sig)
+        rc = proc.wait(timeout=120)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        log.close()
+    return rc, (d / "driver.log").read_text(), kids
+
+
+def _last_steps(db: str) -> dict[str, int]:
+    try:
+        with open_store(db, create=False, readonly=True) as store:
+            df = store.sql("SELECT t.trial_key, MAX(p.step) AS s FROM probes p JOIN trials t "
+                           "ON t.id = p.trial_id GROUP BY t.trial_key")
+    except Exception:
+        return {}
+    return {k: int(s) for k, s in df.iter_rows()}
+
+
+def _assert_interrupted_record(db: str, out: str, signame: str) -> None:
+    st = _trials(db)
+    assert sorted(s for s, _, _ in st.values()) == ["interrupted", "terminated"], st
+    status, attempts, error = st["d1-orthogonal-none-s0"]
+    step = _last_steps(db)["d1-orthogonal-none-s0"]
+    assert status == "interrupted" and 0 < step < 1500
+    assert error == f"interrupted by {signame} at step {step} of 1500 (its last probe)"
+    last = out.strip().splitlines()[-1]
+    assert last.startswith(f"sweep sig interrupted by {signame}: 1/2 trials terminated, "
+                           "1 interrupted, 0 not started; continue with: qkgeom sweep "
+                           "--resume --name sig"), last
+    assert "2/2 done" not in out
+    # the progress total is the plan's from the first line on
+    totals = {line.split(" done")[0].split("/")[-1] for line in out.splitlines()
+              if " done, " in line}
+    assert totals == {"2"}, totals
+
+
+def _assert_no_helpers_left(kids: list) -> None:
+    alive = [p for p in kids if p.is_running() and p.status() != "zombie"]
+    assert not alive, [(p.pid, p.name()) for p in alive]
+
+
+def test_sigterm_marks_running_trials_interrupted_and_leaves_no_ray(scratch, pg_url,  # noqa: F811
+                                                                     wikitext_dir):
+    """On PostgreSQL (the SIGINT test below runs on SQLite)."""
+    import signal
+
+    from sweep_fixtures import assert_matches_reference, run_cli
+
+    db = pg_url
+    rc, out, kids = _interrupt(scratch, wikitext_dir, db, signal.SIGTERM)
+    assert rc == 128 + signal.SIGTERM, out
+    _assert_interrupted_record(db, out, "SIGTERM")
+    _assert_no_helpers_left(kids)
+    before = _trials(db)
+    # a resume without --storage (none in the environment either) uses the one recorded
+    # with the sweep: the experiment is restored, the finished trial is not retrained
+    p = run_cli(["sweep", "--resume", "--name", "sig", "--db", db, "--progress-every", "60"],
+                scratch, env={"QKGEOM_RAY_STORAGE": ""})
+    assert f"Ray storage {scratch / 'first'}" in p.stdout, p.stdout
+    after = _trials(db)
+    assert after["d1-gaussian-none-s0"] == before["d1-gaussian-none-s0"]
+    assert after["d1-orthogonal-none-s0"][:2] == ("terminated", 2)
+    assert assert_matches_reference(db, "sig") == 2
+
+
+def test_sigint_then_resume_with_another_storage_retrains_no_finished_trial(
+        scratch, wikitext_dir):  # noqa: F811
+    import shutil
+    import signal
+
+    from sweep_fixtures import assert_matches_reference, run_cli
+
+    db = f"{scratch}/sig.db"
+    rc, out, kids = _interrupt(scratch, wikitext_dir, db, signal.SIGINT)
+    assert rc == 128 + signal.SIGINT, out
+    _assert_interrupted_record(db, out, "SIGINT")
+    _assert_no_helpers_left(kids)
+    before = _trials(db)
+
+    # the experiment is still at the first run's storage: a resume elsewhere is refused
+    p = run_cli(["sweep", "--resume", "--name", "sig", "--db", db, "--storage",
+                 str(scratch / "other")], scratch, check=False)
+    assert p.returncode != 0
+    err = p.stderr.strip()
+    assert "\n" not in err and f"--storage {scratch / 'first'}" in err, err
+    assert _trials(db) == before and not (scratch / "other").exists()
+
+    # the experiment is lost: the resume runs only the unfinished trial, afresh
+    shutil.rmtree(scratch / "first")
+    p = run_cli(["sweep", "--resume", "--name", "sig", "--db", db, "--storage",
+                 str(scratch / "other"), "--progress-every", "60"], scratch)
+    assert "running the 1 unfinished trial(s) of 2 afresh" in p.stdout
+    after = _trials(db)
+    assert after["d1-gaussian-none-s0"] == before["d1-gaussian-none-s0"]  # attempts 1
+    assert after["d1-orthogonal-none-s0"][:2] == ("terminated", 2)
+    assert assert_matches_reference(db, "sig") == 2
