@@ -21,7 +21,13 @@ def test_presets_expand_to_the_study():
     assert len(arms) == 10 and {t.arm for t in arms} == {"hold", "shrink"}
     cpu = plan_from("cpu")
     assert len(cpu.trials) == 18 + 1 + 6
-    assert cpu.trials[0].config["max_steps"] == TrialConfig(**{}).max_steps or True
+    # every trial of a preset trains for that preset's steps (qkgeom/config.py PRESETS),
+    # written out here so a changed preset or a preset that is not applied fails
+    expected = {"smoke": (40, 20), "cpu": (1500, 100), "paper": (5000, 250)}
+    for name, plan in (("smoke", smoke), ("cpu", cpu), ("paper", paper)):
+        got = {(t.config["max_steps"], t.config["probe_every"]) for t in plan.trials}
+        assert got == {expected[name]}, name
+    assert TrialConfig().max_steps == 5000  # the dataclass default is the paper's
 
 
 def test_keys_are_deterministic_and_baselines_shared():
