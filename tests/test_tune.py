@@ -92,6 +92,7 @@ def test_retry_from_checkpoint_matches_uninterrupted(scratch, wikitext_dir,  # n
     assert seen["error"] == []
 
 
+@pytest.mark.slow
 def test_trial_out_of_retries_ends_in_error(scratch, wikitext_dir, monkeypatch):  # noqa: F811
     from click.testing import CliRunner
 
