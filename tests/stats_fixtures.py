@@ -202,3 +202,33 @@ def make_collapse_db(url: str, *, sweep: str = "collapse", depths: tuple[int, ..
         store.close()
     return {"sweep": sweep, "steps": steps, "max_steps": max_steps,
             "collapse": {layer: 10 + 5 * layer for layer in range(max(depths))}}
+
+
+def write_trials(url: str, sweep: str, trials: list[dict[str, Any]], *,
+                 steps: list[int], max_steps: int) -> None:
+    """Write trials whose layer-level metrics are given exactly.
+
+    Each entry of ``trials``: depth, init, arm, seed, optional status (default
+    terminated) and ``values(step, layer) -> {metric: value}``.
+    """
+    from qkgeom.store import open_store
+
+    store = open_store(url)
+    try:
+        sid = store.ensure_sweep(sweep, {"synthetic": True}, "synthetic")
+        for t in trials:
+            key = f"d{t['depth']}-{t['init']}-{t['arm']}-s{t['seed']}"
+            tid = store.ensure_trial(sid, key, {"max_steps": max_steps}, depth=t["depth"],
+                                     init=t["init"], arm=t["arm"], seed=t["seed"],
+                                     status="pending")
+            recs = []
+            for step in steps:
+                rows = [(layer, None, name, float(v)) for layer in range(t["depth"])
+                        for name, v in t["values"](step, layer).items()]
+                recs.append(ProbeRecord(step=step, progress=step / max_steps, tokens=step,
+                                        train_loss=float("nan"), val_loss=1.0, lr=1e-3,
+                                        tokens_per_s=0.0, metrics=rows))
+            store.write_probes(tid, recs)
+            store.set_trial_status(tid, t.get("status", "terminated"))
+    finally:
+        store.close()

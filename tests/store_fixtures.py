@@ -3,7 +3,7 @@
 
 PostgreSQL: the server named by ``$QKGEOM_TEST_PG_URL`` (``.ci/postgres.sh`` starts one
 and prints it). Each test gets a fresh database on it, dropped afterwards. Without the
-variable the PostgreSQL cases skip, except under ``CI=true`` where they fail.
+variable the PostgreSQL cases skip, except under CI (any truthy ``CI``) where they fail.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from ci_env import skip_or_fail
 
 PG_ENV = "QKGEOM_TEST_PG_URL"
 BACKENDS = ["sqlite", "postgresql"]
@@ -23,9 +24,7 @@ def pg_server_url() -> str:
     if not url:
         msg = (f"${PG_ENV} is not set; start a server with: "
                f'eval "$(bash .ci/postgres.sh | tail -1)"')
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(msg + " (CI=true: PostgreSQL tests must run)")
-        pytest.skip(msg)
+        skip_or_fail(msg)
     return url
 
 

@@ -2,7 +2,7 @@
 
 Ray's scratch (``_temp_dir``) and Tune's storage live under short directories in /tmp,
 never in the repository. PostgreSQL tests read ``QKGEOM_TEST_PG_URL`` (``.ci/postgres.sh``)
-and skip without it, except under ``CI=true`` where its absence fails.
+and skip without it, except under CI (any truthy ``CI``) where its absence fails.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from ci_env import skip_or_fail
 
 ROOT = Path(__file__).resolve().parents[1]
 QKGEOM = str(Path(sys.executable).with_name("qkgeom"))
@@ -27,9 +28,7 @@ def pg_base_url() -> str:
     url = os.environ.get("QKGEOM_TEST_PG_URL")
     if not url:
         msg = "QKGEOM_TEST_PG_URL not set (eval \"$(bash .ci/postgres.sh | tail -1)\")"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(msg)
-        pytest.skip(msg)
+        skip_or_fail(msg)
     return url
 
 

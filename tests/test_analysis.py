@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
+from scipy.stats import spearmanr
 from stats_fixtures import make_synthetic_db, write_pretrained_family
 
 
@@ -53,11 +55,46 @@ def test_sign_test_all_positive(planted):
     assert sum(c["n"] for c in d["by_depth_init"]) == 15
 
 
+# PR_Q - PR_K at steps 10, 20, 30, 40 (step 0 is -100 everywhere: "mean" and "all" must
+# leave it out). Per layer of a depth-7 trial: A, B, B, C, C, C, D.
+GAPS = {"A": [1, 1, 1, 1],  # final +, mean +, all +
+        "B": [2, -1, 2, 2],  # final +, mean +, all -
+        "C": [-5, -5, -5, 1],  # final +, mean -, all -
+        "D": [3, 3, 3, -1]}  # final -, mean +, all -
+LAYER_GAPS = "ABBCCCD"
+# positives per summary among the 7 layers: final 6, mean 4, all 1
+SUMMARY_POSITIVE = {"final": 6, "mean": 4, "all": 1}
+
+
+@pytest.fixture(scope="module")
+def summaries_db(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from stats_fixtures import write_trials
+
+    url = "sqlite:///" + str(tmp_path_factory.mktemp("summ") / "summ.db")
+
+    def values(step, layer):
+        gap = -100.0 if step == 0 else GAPS[LAYER_GAPS[layer]][step // 10 - 1]
+        return {"pr_k": 10.0 + layer, "pr_q": 10.0 + layer + gap}
+
+    write_trials(url, "summaries", [dict(depth=7, init="gaussian", arm="none", seed=s,
+                                         values=values) for s in (0, 1)],
+                 steps=[0, 10, 20, 30, 40], max_steps=40)
+    return url
+
+
+@pytest.mark.parametrize("level", ["trajectory", "run"])
 @pytest.mark.parametrize("summary", ["final", "mean", "all"])
-def test_sign_test_summaries_and_run_level(planted, summary):
-    d = run_json("stats", "sign-test", "--db", planted, "--summary", summary, "--level", "run")
-    # 5 seeds x 3 inits x (2 + 3) layers = 75 (trial, layer) units
-    assert (d["n"], d["n_positive"]) == (75, 75)
+def test_sign_test_summaries_and_run_level(summaries_db, summary, level):
+    from scipy.stats import binomtest
+
+    d = run_json("stats", "sign-test", "--db", summaries_db, "--summary", summary, "--level",
+                 level)
+    # two identical seeds: 7 trajectories (mean over seeds) or 14 (trial, layer) units
+    per = 1 if level == "trajectory" else 2
+    n, k = 7 * per, SUMMARY_POSITIVE[summary] * per
+    assert (d["n"], d["n_positive"], d["n_zero"]) == (n, k, 0)
+    assert d["p_value"] == pytest.approx(binomtest(k, n, 0.5, alternative="greater").pvalue,
+                                         rel=1e-12)
 
 
 def test_sign_test_filters(planted):
@@ -115,7 +152,17 @@ def test_directional_per_layer_and_metric(planted):
     d = run_json("stats", "directional-confidence", "--db", planted, "--arm", "shrink",
                  "--per-layer", "--metric", "pr_k", "--window", "1", "--boot", "20000")
     assert [r["layer"] for r in d["per_layer"]] == [0, 1]
-    assert all(r["mean_delta"] < 0 for r in d["per_layer"])
+    # planted (stats_fixtures): at the last probe (p = 1) the baseline's layer-l PR_K is
+    # 12 + 0.14 + l - 1.5 and shrink scales it by 1 - 0.4, in every seed: delta = -0.4 x it.
+    # A window of 3 probes (the default) would average p = 0.8, 0.9, 1 and give other values.
+    for r in d["per_layer"]:
+        want = -0.4 * (12 + 0.14 + r["layer"] - 1.5)
+        assert r["n_seeds"] == 5 and r["n_agree"] == 5
+        assert r["mean_delta"] == pytest.approx(want, rel=1e-9)
+        assert r["sd_delta"] == pytest.approx(0.0, abs=1e-9)  # the same in every seed
+        assert r["directional_confidence"] == 1.0 and r["sign_test_p"] == 1 / 32
+    assert d["metric"] == "pr_k" and d["n_seeds"] == 5
+    assert d["mean_delta"] == pytest.approx(-0.4 * (12 + 0.14 + 0.5 - 1.5), rel=1e-9)
     assert d["n_boot"] == 20000 and d["window"] == 1
 
 
@@ -136,6 +183,30 @@ def test_same_seed_byte_identical(planted):
 # --------------------------------------------------------------------------- correlate
 
 
+def pooled_points(url: str, mx: str, my: str, arm: str | None = None):
+    """(x, y, depth) per (trial, probe, layer) of finished trials, read with plain SQL."""
+    from sqlalchemy import create_engine, text
+
+    eng = create_engine(url)
+    try:
+        with eng.connect() as conn:
+            rows = conn.execute(text(
+                "SELECT m.trial_id, m.step, m.layer, m.metric, m.value, t.depth, t.arm "
+                "FROM probe_metrics m JOIN trials t ON t.id = m.trial_id "
+                "WHERE m.head_key = -1 AND t.status = 'terminated' AND m.metric IN (:x, :y)"),
+                {"x": mx, "y": my}).all()
+    finally:
+        eng.dispose()
+    pts: dict = {}
+    for tid, step, layer, metric, value, depth, a in rows:
+        if arm is None or a == arm:
+            pts.setdefault((tid, step, layer), {"depth": depth})[metric] = value
+    keep = [p for p in pts.values() if p.get(mx) is not None and p.get(my) is not None]
+    return (np.array([p[mx] for p in keep]), np.array([p[my] for p in keep]),
+            np.array([p["depth"] for p in keep]))
+
+
+
 def test_correlate(planted):
     d = run_json("stats", "correlate", "--db", planted, "--x", "pr_k", "--y", "qk_erank")
     assert d["rho"] == pytest.approx(1.0)
@@ -143,8 +214,15 @@ def test_correlate(planted):
                  "--boot", "200")
     assert 0 < d["ci_low"] < d["rho"] < d["ci_high"]
     assert [b["depth"] for b in d["by_depth"]] == [2, 3]
-    # every (trial, probe, layer): 40 trials; grid 15 x (2 or 3 layers) ...; just check > 0
-    assert d["n"] == sum(b["n"] for b in d["by_depth"])
+    # the same pooled points read with plain SQL, ranked by scipy: one point per
+    # (trial, probe, layer), every arm
+    x, y, depth = pooled_points(planted, "pr_k", "entropy")
+    assert d["n"] == len(x) == 11 * (15 * 2 + 15 * 3 + 10 * 2)
+    assert d["rho"] == pytest.approx(spearmanr(x, y).statistic, rel=1e-12)
+    for b in d["by_depth"]:
+        sel = depth == b["depth"]
+        assert b["n"] == int(sel.sum())
+        assert b["rho"] == pytest.approx(spearmanr(x[sel], y[sel]).statistic, rel=1e-12)
     # the CI resamples whole trials: 2 depths x 3 inits x 5 seeds + 2 arms x 5 seeds
     assert d["resample"] == "clusters" and d["bootstrap"] == "cluster bootstrap over trials"
     assert d["n_clusters"] == 40 == sum(b["n_clusters"] for b in d["by_depth"])
@@ -267,7 +345,8 @@ def smoke_db(tmp_path_factory: pytest.TempPathFactory, wikitext_dir: Path) -> st
 @pytest.mark.slow
 @pytest.mark.ray
 def test_commands_on_a_real_smoke_sweep(smoke_db: str, tmp_path: Path):
-    """Every command runs on real data; structural answers only (training outcomes vary)."""
+    """Every command runs on real data; the sign test and Spearman are recomputed from the
+    stored values (training outcomes vary, so nothing is planted here)."""
     from qkgeom import analysis as A
     from qkgeom.store import open_store
 
@@ -277,7 +356,32 @@ def test_commands_on_a_real_smoke_sweep(smoke_db: str, tmp_path: Path):
     n_traj = sum(d for d, _ in grid.select("depth", "init").unique().iter_rows())
     d = run_json("stats", "sign-test", "--db", smoke_db)
     assert d["n"] + d["n_zero"] + d["n_dropped"] == n_traj
-    assert 0 <= d["p_value"] <= 1
+    # recomputed from the stored values (plain SQL): per (depth, init, layer) the final
+    # probe's PR_Q - PR_K, mean over seeds; an exact one-sided binomial test by scipy
+    from scipy.stats import binomtest
+    from sqlalchemy import create_engine, text
+
+    eng = create_engine(smoke_db)
+    with eng.connect() as conn:
+        rows = conn.execute(text(
+            "SELECT t.depth, t.init, t.seed, m.step, m.layer, m.metric, m.value "
+            "FROM probe_metrics m JOIN trials t ON t.id = m.trial_id WHERE m.head_key = -1 "
+            "AND t.arm = 'none' AND m.metric IN ('pr_q', 'pr_k')")).all()
+    eng.dispose()
+    vals: dict = {}
+    for depth, init, seed, step, layer, metric, value in rows:
+        vals.setdefault((depth, init, layer), {}).setdefault(step, {}).setdefault(
+            seed, {})[metric] = value
+    finals = []
+    for by_step in vals.values():
+        last = by_step[max(by_step)]
+        finals.append(np.mean([v["pr_q"] - v["pr_k"] for v in last.values()]))
+    finals = np.array(finals)
+    assert len(finals) == n_traj
+    k, n = int((finals > 0).sum()), int((finals != 0).sum())
+    assert (d["n"], d["n_positive"]) == (n, k)
+    assert d["p_value"] == pytest.approx(binomtest(k, n, 0.5, alternative="greater").pvalue,
+                                         rel=1e-12)
     s = run_json("stats", "slopes", "--db", smoke_db, "--level", "run")
     assert s["pr_q"]["n"] + s["pr_q"]["n_undefined"] == sum(grid["depth"].to_list())
     arms = sorted(set(t["arm"].to_list()) - {"none"})
@@ -289,7 +393,9 @@ def test_commands_on_a_real_smoke_sweep(smoke_db: str, tmp_path: Path):
         assert r["ci_low"] <= r["mean_delta"] <= r["ci_high"]
         assert set(r["key_check"]) == {"pr_wk", "pr_k"}
     c = run_json("stats", "correlate", "--db", smoke_db, "--x", "pr_k", "--y", "entropy")
-    assert c["n"] > 0 and -1 <= c["rho"] <= 1
+    x, y, _ = pooled_points(smoke_db, "pr_k", "entropy")
+    assert c["n"] == len(x) > 0
+    assert c["rho"] == pytest.approx(spearmanr(x, y).statistic, rel=1e-9)
     for kind in ("trajectories", "intervention", "correlation"):
         out = tmp_path / f"{kind}.png"
         code, text = run("plot", kind, "--db", smoke_db, "--out", str(out))

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ci_env import skip_or_fail
 from sweep_fixtures import ROOT, assert_sweep_complete, run_cli, scratch  # noqa: F401
 
 CLUSTER = ROOT / "cluster"
@@ -150,9 +151,7 @@ def _head_pids(port: int) -> set[int]:
 def test_cluster_launcher_end_to_end(scratch, wikitext_dir):  # noqa: F811
     if not _sshd_ready():
         msg = "sshd on 127.0.0.1:2222 with ~/.ssh/qkgeom_ci_ed25519 missing: run .ci/ssh.sh"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(msg)
-        pytest.skip(msg)
+        skip_or_fail(msg)
     from qkgeom.store import open_store
     from qkgeom.sweep import plan_from
 

@@ -34,9 +34,40 @@ def test_reshape_hits_target_and_keeps_norm(target):
 
 
 def test_unreachable_targets_clip_to_the_reachable_range():
-    w = torch.tensor([[4.0, 1.0, 1.0, 0.0]])
-    p_hi = solve_power(w, torch.tensor([10.0]))  # above the 3 non-zero entries
+    w = torch.tensor([[4.0, 1.0, 1.0, 0.0]], dtype=torch.float64)
+    p_hi = solve_power(w, torch.tensor([10.0], dtype=torch.float64))  # above 3 non-zero
     assert float(p_hi) == pytest.approx(0.0, abs=1e-9)
+    p_lo = solve_power(w, torch.tensor([0.5], dtype=torch.float64))  # below PR 1
+    assert float(p_lo) == pytest.approx(64.0, abs=1e-9)  # the end of the search range
+    # a tied largest entry: PR(w**p) never goes below its multiplicity 2
+    p_tie = solve_power(torch.tensor([[4.0, 4.0, 1.0]], dtype=torch.float64),
+                        torch.tensor([1.2], dtype=torch.float64))
+    assert float(p_tie) == pytest.approx(64.0, abs=1e-9)
+    # as singular values: above the rank -> every non-zero value equal (PR = rank 3), the
+    # zero stays zero and the norm is kept; below 1 -> s**64, closed form
+    s = torch.tensor([[2.0, 1.0, 0.5, 0.0]], dtype=torch.float64)
+    flat = reshape_singular_values(s, torch.tensor([10.0]))[0].numpy()
+    norm = float(s.norm())
+    assert flat == pytest.approx([norm / np.sqrt(3)] * 3 + [0.0], rel=1e-9, abs=1e-12)
+    sharp = reshape_singular_values(s, torch.tensor([0.5]))[0].numpy()
+    want = s[0].numpy() ** 64
+    assert sharp == pytest.approx(want * norm / np.linalg.norm(want), rel=1e-9, abs=1e-300)
+    assert np_pr_sq(sharp) == pytest.approx(np_pr_sq(s[0].numpy() ** 64), rel=1e-9)
+
+
+def test_unreachable_absolute_target_through_the_arm():
+    """shrink_to = 0.5 (absolute) is below any PR: W_K gets its singular values to the
+    power 64, the steepest map the arm can apply, rather than failing."""
+    m, ctl = model_with("shrink", target_mode="absolute", shrink_to=0.5,
+                        shrink_schedule="constant")
+    s0 = [np.linalg.svd(a.k_proj.weight.detach().double().numpy(), compute_uv=False)
+          for a in m.attn_layers()]
+    ctl.after_step(1)
+    assert ctl.targets_now() == pytest.approx([0.5, 0.5])
+    for a, s in zip(m.attn_layers(), s0):
+        got = np.linalg.svd(a.k_proj.weight.detach().double().numpy(), compute_uv=False)
+        assert np_pr_sq(got) == pytest.approx(np_pr_sq(s**64), rel=1e-4)
+        assert 1.0 <= np_pr_sq(got) < 2.0
 
 
 def model_with(arm: str, **kw) -> tuple[GPT, KeySpectrumControl]:
@@ -83,6 +114,50 @@ def test_none_arm_changes_nothing():
     ctl.after_step(5)
     assert torch.equal(w, m.blocks[0].attn.k_proj.weight)
     assert ctl.targets_now() is None
+
+
+def closed_form_g(sched: str, f: float, t: float, start: float = 0.0) -> float:
+    """The schedule factor g at training fraction t, written out per schedule."""
+    if sched == "constant":
+        return f
+    u = min(max((t - start) / (1 - start), 0.0), 1.0)
+    return {"linear": 1 + (f - 1) * u,
+            "cosine": 1 + (f - 1) * (1 - np.cos(np.pi * u)) / 2,
+            "exp": f**u}[sched]
+
+
+@pytest.mark.parametrize("sched", ["linear", "cosine", "exp", "constant"])
+@pytest.mark.parametrize("start", [0.0, 0.5])
+def test_schedule_values_in_closed_form(sched, start):
+    cfg = TrialConfig(arm="shrink", shrink_to=0.25, shrink_schedule=sched, max_steps=200,
+                      shrink_start=start)
+    for step in (0, 25, 50, 99, 100, 101, 125, 150, 175, 200, 250):
+        want = closed_form_g(sched, 0.25, step / 200, start)
+        assert schedule_factor(cfg, step) == pytest.approx(want, rel=1e-12), step
+    if sched != "constant" and start == 0.5:
+        # nothing moves before shrink_start; halfway through the rest it is at u = 1/2
+        assert schedule_factor(cfg, 100) == 1.0
+        assert schedule_factor(cfg, 150) == pytest.approx(
+            {"linear": 0.625, "cosine": 0.625, "exp": 0.5}[sched], rel=1e-12)
+
+
+def test_shrink_start_in_every_target_mode():
+    m, ctl = model_with("shrink", shrink_to=0.5, shrink_start=0.4)  # init_fraction, linear
+    assert ctl.target(40, [20.0]) == pytest.approx([20.0])
+    assert ctl.target(70, [20.0]) == pytest.approx([15.0])  # u = 0.5
+    assert ctl.target(100, [20.0]) == pytest.approx([10.0])
+    m, ctl = model_with("shrink", target_mode="absolute", shrink_to=4.0, shrink_start=0.4)
+    assert ctl.target(30, [20.0]) == pytest.approx([20.0])
+    assert ctl.target(70, [20.0]) == pytest.approx([12.0])
+    base = [[0, [30.0, 20.0]], [100, [10.0, 4.0]]]
+    m, ctl = model_with("shrink", target_mode="baseline_fraction", shrink_to=0.5,
+                        shrink_start=0.4, baseline_pr=base)
+    # before shrink_start the target follows the baseline itself (g = 1)
+    assert ctl.target(20, [99.0, 99.0]) == pytest.approx([26.0, 16.8])
+    # u = 0.5 -> g = 0.75 of the baseline interpolated at step 70 (16, 8.8)
+    assert ctl.target(70, [99.0, 99.0]) == pytest.approx([12.0, 6.6])
+    m, ctl = model_with("hold", shrink_to=0.5, shrink_start=0.4)
+    assert ctl.target(90, [20.0, 7.0]) == [20.0, 7.0]  # hold ignores the schedule
 
 
 def test_schedules_start_at_one_and_end_at_fraction():

@@ -60,8 +60,26 @@ def test_trajectories_chart_is_binned_and_drawn(tmp_path):
     spec = chart.to_dict()
     assert "line" in _marks(spec)
     rows = _spec_rows(spec)
-    # 10 layer curves x 2 metrics x at most 41 progress bins
-    assert 0 < rows <= 10 * 2 * (plots.PROGRESS_BINS + 1)
+    # 10 layer curves x 2 metrics x 41 progress bins (101 points each, every bin hit)
+    assert rows == 10 * 2 * (plots.PROGRESS_BINS + 1)
+    # each drawn point is the mean of the input points nearest to its bin centre k / 40,
+    # binned here with numpy's digitize on the bin edges (k +- 0.5) / 40
+    p = np.arange(101) / 100
+    edges = (np.arange(plots.PROGRESS_BINS) + 0.5) / plots.PROGRESS_BINS
+    k = np.digitize(p, edges)
+    centre = np.arange(plots.PROGRESS_BINS + 1) / plots.PROGRESS_BINS
+    want = {"PR_Q": [np.mean(10 + 3 * p[k == b]) for b in range(plots.PROGRESS_BINS + 1)],
+            "PR_K": [np.mean(9 - p[k == b]) for b in range(plots.PROGRESS_BINS + 1)]}
+    (data,) = spec["datasets"].values()
+    curves: dict = {}
+    for r in data:
+        curves.setdefault((r["depth"], r["init"], r["layer"], r["metric"]), []).append(
+            (r["progress"], r["value"]))
+    assert len(curves) == 20
+    for (_, _, _, metric), pts in curves.items():
+        pts.sort()
+        assert [x for x, _ in pts] == pytest.approx(centre, abs=1e-12)
+        assert [v for _, v in pts] == pytest.approx(want[metric], rel=1e-12)
     path = plots.save_chart(chart, tmp_path / "t.png")
     w, h = png_size(path.read_bytes())
     assert w > 100 and h > 100

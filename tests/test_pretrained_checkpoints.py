@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from scipy.stats import spearmanr
 
 from qkgeom import pretrained as P
 
@@ -61,6 +63,22 @@ def test_streaming_probe_matches_engine_probe(trained: Path, wikitext_dir: Path)
         assert got[key] == pytest.approx(v, rel=tol, abs=tol), key
 
 
+def stored_layer_values(db: str, model: str) -> dict:
+    """{(step, layer, metric): value} of a pretrained model's layer-level rows (plain SQL)."""
+    from sqlalchemy import create_engine, text
+
+    eng = create_engine(db)
+    try:
+        with eng.connect() as conn:
+            rows = conn.execute(text(
+                "SELECT r.step, m.layer, m.metric, m.value FROM pretrained_metrics m "
+                "JOIN pretrained_runs r ON r.id = m.run_id WHERE r.model = :m "
+                "AND m.head_key = -1"), {"m": model}).all()
+    finally:
+        eng.dispose()
+    return {(st, la, me): v for st, la, me, v in rows}
+
+
 def test_multi_revision_checkpoint_trend(trained: Path, wikitext_dir: Path, tmp_path: Path):
     db = "sqlite:///" + str(tmp_path / "ckpt.db")
     text = str(wikitext_dir / "wiki.test.raw")
@@ -104,7 +122,26 @@ def test_multi_revision_checkpoint_trend(trained: Path, wikitext_dir: Path, tmp_
     d = json.loads(out)
     assert d["n_checkpoints"] == 3 and d["n_layers"] == 2
     assert [r["layer"] for r in d["by_layer"]] == [0, 1]
-    assert d["rank_entropy_link"] is not None  # qk_erank vs entropy, 6 points
+    # recomputed from the stored rows (plain SQL) with scipy: PR_Q - PR_K per checkpoint,
+    # mean over layers for the overall trend; Spearman against the step
+    vals = stored_layer_values(db, "qkgeom:tiny/d2-gaussian-none-s0")
+    steps = [0, 20, 40]
+    gap = {(st, la): vals[st, la, "pr_q"] - vals[st, la, "pr_k"] for st in steps
+           for la in (0, 1)}
+    mean_gap = [np.mean([gap[st, 0], gap[st, 1]]) for st in steps]
+    assert d["steps"] == steps and d["values"] == pytest.approx(mean_gap, rel=1e-12)
+    assert d["rho"] == pytest.approx(spearmanr(steps, mean_gap).statistic, rel=1e-12)
+    assert d["peak_step"] == steps[int(np.argmax(mean_gap))]
+    for r in d["by_layer"]:
+        g = [gap[st, r["layer"]] for st in steps]
+        assert r["rho"] == pytest.approx(spearmanr(steps, g).statistic, rel=1e-12)
+        assert r["peak_step"] == steps[int(np.argmax(g))]
+    # the rank-entropy link: qk_erank vs entropy over the 3 checkpoints x 2 layers
+    keys = [(st, la) for st in steps for la in (0, 1)]
+    link = spearmanr([vals[k + ("qk_erank",)] for k in keys],
+                     [vals[k + ("entropy",)] for k in keys]).statistic
+    assert d["rank_entropy_link"]["n"] == 6
+    assert d["rank_entropy_link"]["rho"] == pytest.approx(link, rel=1e-12)
 
     # the same checkpoints by directory: a second model id, idempotent on re-run
     for _ in range(2):

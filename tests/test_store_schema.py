@@ -55,9 +55,99 @@ def _version(url: str) -> str:
 
 
 def test_revisions_are_readable_and_linear():
+    from alembic.script import ScriptDirectory
+
+    from qkgeom.store.schema import alembic_config
+
     revs = known_revisions()
     assert revs[0] == "0001_initial" and len(revs) >= 2
     assert revs[-1] == head_revision()
+    # a chain: one base, one head, each revision's down_revision the one before it, and
+    # every revision id starting with its position (0001_, 0002_, ...)
+    script = ScriptDirectory.from_config(alembic_config())
+    assert script.get_bases() == ["0001_initial"]
+    assert script.get_heads() == [revs[-1]]
+    assert len(set(revs)) == len(revs)
+    for i, rev in enumerate(revs):
+        r = script.get_revision(rev)
+        assert r.down_revision == (revs[i - 1] if i else None), rev
+        assert rev.startswith(f"{i + 1:04d}_"), rev
+        assert not r.branch_labels and not r.dependencies, rev
+        assert list(r.nextrev) == ([revs[i + 1]] if i + 1 < len(revs) else []), rev
+
+
+def test_populated_database_upgrades_from_the_first_revision(db_url):
+    """A database written at 0001_initial (by plain SQL, as that qkgeom wrote it) keeps
+    every value through ``qkgeom db upgrade`` to head, and reads back through the views."""
+    import datetime as dt
+    import math
+
+    from sqlalchemy import MetaData
+
+    upgrade(db_url, "0001_initial")
+    assert _version(db_url) == "0001_initial"
+    now = dt.datetime(2025, 12, 1, 12, 0, tzinfo=dt.timezone.utc)
+    metrics = [(step, layer, head, name, value)
+               for step in (0, 50) for layer in (0, 1) for head in (None, 0, 1)
+               for name, value in (("pr_q", 10.0 + layer + step / 100 + (head or 0) / 8),
+                                   ("pr_k", None if (step, layer, head) == (50, 1, None)
+                                    else 7.25 - layer + step / 200))]
+    eng = create_engine(db_url)
+    try:
+        with eng.begin() as conn:
+            md = MetaData()
+            md.reflect(conn)
+            t = md.tables
+            conn.execute(t["sweeps"].insert(), [dict(id=1, name="old", spec={"preset": "x"},
+                                                     code_version="0.0.1", created_at=now)])
+            conn.execute(t["trials"].insert(), [dict(
+                id=1, sweep_id=1, trial_key="d2-gaussian-none-s3", config={"max_steps": 50},
+                depth=2, init="gaussian", arm="none", seed=3, status="terminated", attempts=2,
+                error="RuntimeError: once", created_at=now, started_at=now, ended_at=now,
+                host="h", device="cpu")])
+            conn.execute(t["probes"].insert(), [
+                dict(trial_id=1, step=s, progress=s / 50, tokens=s * 64, train_loss=3.0 - s / 50,
+                     val_loss=3.1 - s / 50, lr=1e-3, tokens_per_s=100.0) for s in (0, 50)])
+            conn.execute(t["probe_metrics"].insert(), [
+                dict(trial_id=1, step=s, layer=la, head_key=-1 if h is None else h, head=h,
+                     metric=n, progress=s / 50, value=v) for s, la, h, n, v in metrics])
+            conn.execute(t["pretrained_runs"].insert(), [dict(
+                id=1, model="gpt2", revision="main", step=None, meta={"tokens": 9},
+                created_at=now)])
+            conn.execute(t["pretrained_metrics"].insert(), [
+                dict(run_id=1, layer=0, head_key=-1, head=None, metric="pr_q", value=4.5)])
+    finally:
+        eng.dispose()
+
+    r = invoke("db", "upgrade", "--db", db_url)
+    assert r.exit_code == 0, r.output
+    assert "0001_initial -> " + head_revision() in r.output
+    assert _version(db_url) == head_revision()
+    assert _diff(db_url) == []
+    with open_store(db_url, create=False, readonly=True) as store:
+        tr = store.trials("old").to_dicts()
+        assert len(tr) == 1
+        assert {k: tr[0][k] for k in ("trial_key", "depth", "init", "arm", "seed", "status",
+                                        "attempts", "error", "host", "device")} == dict(
+            trial_key="d2-gaussian-none-s3", depth=2, init="gaussian", arm="none", seed=3,
+            status="terminated", attempts=2, error="RuntimeError: once", host="h",
+            device="cpu")
+        (rec0, rec50) = store.read_probes(tr[0]["id"])
+        assert (rec50.step, rec50.tokens, rec50.val_loss) == (50, 3200, pytest.approx(2.1))
+        got = {(s, la, h, n): v for s, rec in ((0, rec0), (50, rec50))
+               for la, h, n, v in rec.metrics}
+        assert len(got) == len(metrics)
+        for s, la, h, n, v in metrics:
+            g = got[(s, la, h, n)]
+            assert (math.isnan(g) if v is None else g == v), (s, la, h, n)
+        lay = store.sql("SELECT step, layer, metric, value FROM v_layer_metrics "
+                        "WHERE sweep = 'old' ORDER BY step, layer, metric").rows()
+        want = sorted((s, la, n, v) for s, la, h, n, v in metrics if h is None)
+        assert [r[:3] for r in lay] == [w[:3] for w in want]
+        for g, w in zip(lay, want):
+            assert (g[3] is None or math.isnan(g[3])) if w[3] is None else g[3] == w[3]
+        pre = store.sql("SELECT model, revision, layer, metric, value FROM v_pretrained").rows()
+        assert pre == [("gpt2", "main", 0, "pr_q", 4.5)]
 
 
 def test_new_database_is_created_at_head(db_url):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from qkgeom.config import TrialConfig
 from qkgeom.sweep import (
     SpecError,
     baseline_metric,
@@ -30,6 +31,13 @@ def test_presets_expand_to_the_study():
     cpu = plan_from("cpu")
     # 3 depths x 3 inits x 2 seeds, the depth-4 gaussian baselines of seeds 2-4, 3 arms x 5
     assert len(cpu.trials) == 18 + 3 + 15
+    # every trial of a preset trains for that preset's steps (qkgeom/config.py PRESETS),
+    # written out here so a changed preset or a preset that is not applied fails
+    expected = {"smoke": (40, 20), "cpu": (1500, 100), "paper": (5000, 250)}
+    for name, plan in (("smoke", smoke), ("cpu", cpu), ("paper", paper)):
+        got = {(t.config["max_steps"], t.config["probe_every"]) for t in plan.trials}
+        assert got == {expected[name]}, name
+    assert TrialConfig().max_steps == 5000  # the dataclass default is the paper's
 
 
 @pytest.mark.parametrize("preset", ["smoke", "cpu", "paper"])

@@ -29,7 +29,36 @@ from sweep_fixtures import (  # noqa: F401  (pytest fixtures)
 pytestmark = pytest.mark.ray
 
 
-def test_retry_from_checkpoint_matches_uninterrupted(scratch, wikitext_dir):  # noqa: F811
+def observe_db_state(monkeypatch, db: str, sweep: str) -> dict[str, list]:
+    """Record, from Tune's own callbacks, what the database says about a trial the moment
+    Tune recovers it (a retry is due) or gives up on it. Tune calls the callbacks in order,
+    so DbWriter has written its update when this observer (in Progress's place) reads."""
+    import qkgeom.tune as T
+    from qkgeom.store import open_store
+
+    seen: dict[str, list] = {"recover": [], "error": []}
+
+    def row(trial) -> tuple:
+        with open_store(db, create=False, readonly=True) as store:
+            t = store.trials(sweep)
+        r = t.filter(t["trial_key"] == trial.config["trial"]["key"]).to_dicts()[0]
+        return r["trial_key"], r["status"], r["attempts"], r["error"]
+
+    class Observer(T.Progress):
+        def on_trial_recover(self, iteration, trials, trial, **info):
+            seen["recover"].append(row(trial))
+            super().on_trial_recover(iteration, trials, trial, **info)
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            seen["error"].append(row(trial))
+            super().on_trial_error(iteration, trials, trial, **info)
+
+    monkeypatch.setattr(T, "Progress", Observer)
+    return seen
+
+
+def test_retry_from_checkpoint_matches_uninterrupted(scratch, wikitext_dir,  # noqa: F811
+                                                     monkeypatch):
     from qkgeom.store import open_store
     from qkgeom.sweep import plan_from
     from qkgeom.tune import SweepOptions, run_sweep, shutdown
@@ -38,6 +67,7 @@ def test_retry_from_checkpoint_matches_uninterrupted(scratch, wikitext_dir):  # 
                      sets=["fail_at_step=25", "grid.depths=[2]", "interventions.arms=[hold]",
                            "interventions.seeds=[0]"])
     db = f"sqlite:///{scratch}/retry.db"
+    seen = observe_db_state(monkeypatch, db, "retry")
     try:
         summary = run_sweep(plan, SweepOptions(db_url=db, storage=str(scratch / "ray"),
                                                max_failures=1, quiet=True,
@@ -54,6 +84,55 @@ def test_retry_from_checkpoint_matches_uninterrupted(scratch, wikitext_dir):  # 
     assert all("injected test failure" in e for e in trials["error"].to_list())
     assert ckpts > 0
     assert assert_matches_reference(db, "retry") == len(plan.trials)
+    # while each trial waited for its retry it was pending, with the failure's text
+    assert sorted(k for k, *_ in seen["recover"]) == sorted(t.key for t in plan.trials)
+    for _, status, attempts, error in seen["recover"]:
+        assert (status, attempts) == ("pending", 1)
+        assert "InjectedFailure" in error and "fail_at_step=25" in error
+    assert seen["error"] == []
+
+
+@pytest.mark.slow
+def test_trial_out_of_retries_ends_in_error(scratch, wikitext_dir, monkeypatch):  # noqa: F811
+    from click.testing import CliRunner
+
+    from qkgeom.cli import main
+    from qkgeom.store import open_store
+    from qkgeom.sweep import plan_from
+    from qkgeom.tune import SweepOptions, run_sweep, shutdown
+
+    plan = plan_from("smoke", data=str(wikitext_dir), name="noretry",
+                     sets=["fail_at_step=5", "grid.depths=[1]", "grid.inits=[gaussian]",
+                           "grid.seeds=1", "interventions.depth=1", "interventions.arms=[hold]",
+                           "interventions.seeds=[0]"])
+    keys = sorted(t.key for t in plan.trials)
+    assert keys == ["d1-gaussian-hold-s0", "d1-gaussian-none-s0"]
+    db = f"sqlite:///{scratch}/noretry.db"
+    seen = observe_db_state(monkeypatch, db, "noretry")
+    try:
+        summary = run_sweep(plan, SweepOptions(db_url=db, storage=str(scratch / "ray"),
+                                               max_failures=0, quiet=True,
+                                               ray_temp_dir=str(scratch / "r")))
+    finally:
+        shutdown()
+    assert summary["errors"] == 2 and summary["trials"] == dict.fromkeys(keys, "error")
+    # Tune gave up at once (no retries): the database already said error when it did
+    assert seen["recover"] == []
+    assert sorted(k for k, *_ in seen["error"]) == keys
+    assert all(st == "error" and n == 1 for _, st, n, _ in seen["error"])
+    with open_store(db, create=False, readonly=True) as store:
+        t = store.trials("noretry").sort("trial_key")
+        probes = store.sql("SELECT trial_id, step FROM probes ORDER BY trial_id, step")
+    assert t["status"].to_list() == ["error", "error"] and t["attempts"].to_list() == [1, 1]
+    assert all("InjectedFailure: fail_at_step=5" in e for e in t["error"].to_list())
+    assert t["ended_at"].null_count() == 0
+    # the step-0 probe came before the failure at step 5 and is kept
+    assert sorted(probes["step"].to_list()) == [0, 0]
+    r = CliRunner().invoke(main, ["status", "--db", db, "--json"], catch_exceptions=False)
+    rows = sorted(json.loads(r.output), key=lambda x: x["trial"])
+    assert [(x["trial"], x["status"], x["attempts"], x["step"], x["max_steps"])
+            for x in rows] == [(k, "error", 1, 0, 40) for k in keys]
+    assert all(x["error"].endswith("injected test failure") for x in rows)
 
 
 @pytest.mark.postgres
