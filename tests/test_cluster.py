@@ -66,6 +66,16 @@ def _head_trials(c: dict) -> None:
 
 def _no_install(c: dict) -> None:
     c["setup_commands"] = ["echo hi"]
+    c["head_setup_commands"] = c["worker_setup_commands"] = ["pip install torch"]
+
+
+def _venv_named_qkgeom_is_no_install(c: dict) -> None:
+    c["setup_commands"] = ["python3 -m venv ~/qkgeom-venv"]
+    c["head_setup_commands"] = c["worker_setup_commands"] = ["~/qkgeom-venv/bin/pip install torch"]
+
+
+def _no_install_on_workers(c: dict) -> None:
+    c["worker_setup_commands"] = ["~/qkgeom-venv/bin/pip install torch"]
 
 
 def _unknown_key(c: dict) -> None:
@@ -83,7 +93,9 @@ def _bad_head_name(c: dict) -> None:
     (_misspelt_instance, "gpu_worker.node_config.InstanceType: missing"),
     (_no_gpu, "gpu_worker.resources.GPU: missing"),
     (_head_trials, "head.resources: the head must run no trials"),
-    (_no_install, "nothing installs qkgeom"),
+    (_no_install, "setup_commands: nothing installs qkgeom"),
+    (_venv_named_qkgeom_is_no_install, "setup_commands: nothing installs qkgeom"),
+    (_no_install_on_workers, "worker_setup_commands: nothing installs qkgeom on the workers"),
     (_unknown_key, "max_wrokers"),
     (_bad_head_name, "'boss' is not in available_node_types"),
 ])

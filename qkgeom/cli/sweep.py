@@ -36,6 +36,9 @@ DB_HELP = "Results database URL or SQLite file (default: $QKGEOM_DB, else sqlite
 @click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False), default=None,
               help="Start/update this Ray cluster (cluster/aws.yaml ...) and run the sweep's "
               "driver on its head node, detached.")
+@click.option("--dry-run", is_flag=True,
+              help="With --cluster: validate, build the wheel to ship, print the derived "
+              "cluster file and the remote command; start nothing.")
 @click.option("--resume", is_flag=True,
               help="Continue sweep --name: restart errored and unfinished trials from their "
               "last checkpoints; finished trials are not rerun.")
@@ -57,7 +60,7 @@ DB_HELP = "Results database URL or SQLite file (default: $QKGEOM_DB, else sqlite
               help="Seconds between progress lines when nothing changes.")
 def sweep(preset_name: str | None, spec_file: str | None, name: str | None, db: str | None,
           data: str | None, sets: tuple[str, ...], address: str | None,
-          cluster_file: str | None, resume: bool, gpus_per_trial: float | None,
+          cluster_file: str | None, dry_run: bool, resume: bool, gpus_per_trial: float | None,
           cpus_per_trial: float, max_concurrent: int | None, max_failures: int,
           direct_writes: bool, storage: str | None, progress_every: float) -> None:
     """Run a study (geometry grid + intervention arms) on Ray Tune into the database."""
@@ -66,6 +69,8 @@ def sweep(preset_name: str | None, spec_file: str | None, name: str | None, db: 
     with user_errors():
         if address and cluster_file:
             raise click.UsageError("give either --address or --cluster, not both")
+        if dry_run and not cluster_file:
+            raise click.UsageError("--dry-run goes with --cluster FILE")
         if cpus_per_trial <= 0:
             raise click.BadParameter("must be positive", param_hint="--cpus-per-trial")
         if gpus_per_trial is not None and gpus_per_trial < 0:
@@ -85,7 +90,7 @@ def sweep(preset_name: str | None, spec_file: str | None, name: str | None, db: 
                 preset=preset_name, data=data, sets=sets, db=db, resume=resume,
                 gpus_per_trial=gpus_per_trial, cpus_per_trial=cpus_per_trial,
                 max_concurrent=max_concurrent, max_failures=max_failures,
-                direct_writes=direct_writes, storage=storage,
+                direct_writes=direct_writes, storage=storage, dry_run=dry_run,
             )
             return
 
