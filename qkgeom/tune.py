@@ -846,6 +846,7 @@ def launch_on_cluster(cluster_file: str, *, plan: SweepPlan | None, name: str,
             "s3://... or gs://... (a head-local path fails once trials run on workers)")
     if db and db.startswith("sqlite") or (db and "://" not in db):
         out(f"note: the SQLite database {db} lives on the head node")
+    local_data = ship.data_to_ship(data)  # a too-large corpus is refused before any build
     tmp = Path(tempfile.mkdtemp(prefix="qkgeom-cluster-"))
     shipped = None
     if ship.ships_wheel(cfg):
@@ -854,7 +855,7 @@ def launch_on_cluster(cluster_file: str, *, plan: SweepPlan | None, name: str,
     else:
         out(f"note: {cluster_file} installs qkgeom itself (no $QKGEOM_WHEEL): the nodes run "
             "that qkgeom, not this one")
-    derived, remote_data = ship.derive_cluster_config(cfg, shipped, ship.data_to_ship(data))
+    derived, remote_data = ship.derive_cluster_config(cfg, shipped, local_data)
     derived_file = str(ship.write_cluster_file(derived, tmp, Path(cluster_file).stem))
     spec_remote = f"~/qkgeom-sweeps/{name}{Path(spec_file).suffix}" if spec_file else None
     cmd = remote_sweep_command(
