@@ -114,3 +114,18 @@ def test_cuda_steps_do_not_wait_for_the_device(tiny_cfg, corpus):
     n_layer = tr.model.cfg.n_layer
     # one read of all values, plus the linear algebra's own checks (QR/SVD per layer)
     assert _syncs(lambda: tr.probe(math.nan, 0.0)) <= 1 + 3 * n_layer
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the machine has CUDA: run the study")
+def test_gpu_study_without_cuda_says_so_and_exits_0():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    p = subprocess.run([sys.executable, str(root / "benchmarks" / "gpu_study.py")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().splitlines() == [
+        "no CUDA: torch.cuda.is_available() is False on this machine; gpu_study.py measures "
+        "nothing here (run it on a GPU machine)"]
