@@ -20,7 +20,7 @@ process also holds a CUDA context of a few hundred MiB), device memory in use, a
 projected wall time of the 47-trial `paper` study at that packing: the study's training
 tokens, weighted by depth / 6 (step time grows about linearly with depth), over the
 aggregate rate (training only: probes, evaluation and the arms' SVD are not included).
-About 5 minutes on one GPU with the defaults. Without CUDA it says so and exits 0.
+Budgeted at about 5 minutes on one GPU with the defaults (not yet run on one). Without CUDA it says so and exits 0.
 """
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ def study_tokens(depth_ref: int) -> tuple[int, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ns", default="1,2,4,8,16", help="trials per GPU to try")
-    ap.add_argument("--window", type=float, default=15.0, help="seconds measured per N")
+    ap.add_argument("--window", type=float, default=12.0, help="seconds measured per N")
     ap.add_argument("--warmup", type=int, default=10, help="steps before the window")
     ap.add_argument("--preset", default="paper")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -195,8 +195,8 @@ def main() -> None:
     if "ray" in runners:
         import ray
 
-        ray.init(num_cpus=os.cpu_count(), num_gpus=1 if gpu else 0, include_dashboard=False,
-                 log_to_driver=False)
+        ray.init(address="local", num_cpus=os.cpu_count(), num_gpus=1 if gpu else 0,
+                 include_dashboard=False, log_to_driver=False)
     job = (args.preset, args.device, data, args.compile, args.warmup, args.window)
     results: dict[str, dict[int, dict[str, Any]]] = {r: {} for r in runners}
     for n in ns:
@@ -221,7 +221,7 @@ def main() -> None:
         base = results[r][ns[0]]["tokens_per_s"] if ns[0] == 1 else math.nan
         for n in ns:
             x = results[r][n]
-            hours = tokens / x["tokens_per_s"] / 3600
+            hours = tokens / x["tokens_per_s"] / 3600 if args.preset == "paper" else math.nan
             mem = (f"{x['alloc_mib']:>10,.0f} {x['reserved_mib']:>9,.0f} "
                    f"{x['device_used_mib']:>8,.0f}") if "alloc_mib" in x else \
                 f"{'-':>10} {'-':>9} {'-':>8}"
