@@ -186,19 +186,20 @@ def _wait_for_sweep(db: str, name: str, timeout: float = 300) -> list[str]:
 
     deadline = time.monotonic() + timeout
     statuses: list[str] = []
+    last_error = ""
     while time.monotonic() < deadline:
         if Path(db).exists():
             try:
                 with open_store(db) as store:
                     statuses = store.trials(name)["status"].to_list()
-            except Exception:
-                statuses = []
+            except Exception as e:  # not written yet; kept for the failure message
+                statuses, last_error = [], str(e)
             if statuses and all(s in ("terminated", "error") for s in statuses):
                 break
         time.sleep(1)
     log = Path.home() / "qkgeom-sweeps" / f"{name}.log"
     assert statuses and all(s == "terminated" for s in statuses), \
-        log.read_text()[-3000:] if log.exists() else statuses
+        (log.read_text()[-3000:] if log.exists() else statuses, last_error)
     return statuses
 
 
@@ -246,7 +247,12 @@ def test_cluster_ships_qkgeom_to_a_node_without_it(scratch, wikitext_dir):  # no
         assert "running on the head node, detached" in p.stdout
         m = re.search(r"shipping qkgeom (\S+) \((\S+\.whl)\)", p.stdout)
         assert m, p.stdout
-        version = m.group(1)
+        version, wheel = m.group(1), Path(m.group(2)).name
+        # what the head's autoscaler gives every worker it starts: the wheel and the install
+        boot = yaml.safe_load((Path.home() / "ray_bootstrap_config.yaml").read_text())
+        assert f"~/qkgeom-ship/{wheel}" in boot["file_mounts"]
+        assert any(c.startswith(f"export QKGEOM_WHEEL=~/qkgeom-ship/{wheel}; ")
+                   for c in boot["worker_setup_commands"]), boot["worker_setup_commands"]
         _wait_for_sweep(db, name)
         assert_sweep_complete(db, name, plan_from("smoke", name=name, data=str(wikitext_dir)))
         assert _recorded_version(db, name) == version
