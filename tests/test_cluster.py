@@ -212,12 +212,20 @@ def _recorded_version(db: str, name: str) -> str:
 
 
 def _kill_new_heads(before: set[int]) -> None:
-    for pid in _head_pids(6399) - before:  # only the head this test started
+    """End the head this test started (only its processes) and wait for its port to close."""
+    for pid in _head_pids(6399) - before:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    time.sleep(1)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", 6399), timeout=1).close()
+        except OSError:
+            break
+        time.sleep(0.5)
+    time.sleep(2)  # the killed GCS's files and sockets
 
 
 @pytest.mark.slow
