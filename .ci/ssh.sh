@@ -7,8 +7,9 @@
 # creates the key ~/.ssh/qkgeom_ci_ed25519 (the path cluster/local.yaml names), and runs a
 # private sshd (config, host key, pid file and authorized_keys under $QKGEOM_SSHD_DIR,
 # default /tmp/qkgeom-sshd; ~/.ssh/authorized_keys is not touched) that accepts only that
-# key, only on 127.0.0.1, and sets QKGEOM_VENV in every session so the cluster's commands
-# find ray and qkgeom. Stop it with: kill "$(cat /tmp/qkgeom-sshd/sshd.pid)"
+# key, only on 127.0.0.1 (it also sets QKGEOM_VENV in every session; cluster/local.yaml no
+# longer reads it: its node environment is ~/qkgeom-venv, see .ci/node-venv.sh).
+# Stop it with: kill "$(cat /tmp/qkgeom-sshd/sshd.pid)"
 # Progress goes to stderr; the last line on stdout is an export line (for eval).
 set -euo pipefail
 

@@ -165,8 +165,10 @@ class KeySpectrumControl:
         ws = [a.k_proj.weight for a in self.model.attn_layers()]
         w = torch.stack([x.detach() for x in ws])  # (L, C, C)
         dtype = torch.float64 if w.device.type == "cpu" else torch.float32
+        # one batched SVD for all layers, on the model's device (cuSOLVER waits for it once)
         u, s, vh = torch.linalg.svd(w.to(dtype), full_matrices=False)
-        s_new = reshape_singular_values(s, torch.tensor(tgt, device=w.device)).to(dtype)
+        target = torch.tensor(tgt).to(w.device, non_blocking=True)  # no extra sync on CUDA
+        s_new = reshape_singular_values(s, target).to(dtype)
         w_new = u @ torch.diag_embed(s_new) @ vh  # same singular vectors, new values
         for x, xn in zip(ws, w_new):
             x.copy_(xn.to(x.dtype))

@@ -20,17 +20,27 @@ from torch import Tensor
 
 
 # ---------------------------------------------------------------------- spectra
+# Each metric has a ``*_t`` form returning a 0-d float64 tensor on the input's device
+# (no host-device sync: a probe reads all of them at once) and a float form. An undefined
+# value (all-zero input) is 0/0 = NaN in both.
+def participation_ratio_t(lam: Tensor) -> Tensor:
+    lam = lam.detach().double().clamp_min(0)
+    return lam.sum() ** 2 / (lam * lam).sum()
+
+
 def participation_ratio(lam: Tensor) -> float:
     """PR of a non-negative spectrum: ``(sum lam)^2 / sum lam^2``; 1 (one direction) .. len.
 
     Tiny negative eigenvalues from round-off are clipped to 0. An all-zero spectrum
     has no defined PR and gives NaN.
     """
-    lam = lam.detach().double().clamp_min(0)
-    s2 = (lam * lam).sum()
-    if s2 <= 0:
-        return math.nan
-    return float(lam.sum() ** 2 / s2)
+    return float(participation_ratio_t(lam))
+
+
+def effective_rank_t(s: Tensor) -> Tensor:
+    s = s.detach().double().clamp_min(0)
+    p = s / s.sum()
+    return torch.exp(-torch.special.xlogy(p, p).sum())
 
 
 def effective_rank(s: Tensor) -> float:
@@ -38,12 +48,14 @@ def effective_rank(s: Tensor) -> float:
 
     Zero entries contribute nothing (0 log 0 = 0). All-zero input gives NaN.
     """
-    s = s.detach().double().clamp_min(0)
-    total = s.sum()
-    if total <= 0:
-        return math.nan
-    p = s / total
-    return float(torch.exp(-torch.special.xlogy(p, p).sum()))
+    return float(effective_rank_t(s))
+
+
+def activation_pr_t(x: Tensor) -> Tensor:
+    x = x.detach().reshape(-1, x.shape[-1]).double()
+    xc = x - x.mean(dim=0, keepdim=True)
+    gram = xc @ xc.T if xc.shape[0] < xc.shape[1] else xc.T @ xc  # same non-zero spectrum
+    return torch.diagonal(gram).sum() ** 2 / (gram * gram).sum()
 
 
 def activation_pr(x: Tensor) -> float:
@@ -53,42 +65,43 @@ def activation_pr(x: Tensor) -> float:
     eigendecomposition; when ``N < d`` the Gram matrix ``Xc Xc^T`` (same non-zero
     spectrum) keeps the cost at ``O(N^2 d)``.
     """
-    x = x.detach().reshape(-1, x.shape[-1]).double()
-    xc = x - x.mean(dim=0, keepdim=True)
-    gram = xc @ xc.T if xc.shape[0] < xc.shape[1] else xc.T @ xc  # same non-zero spectrum
-    fro2 = (gram * gram).sum()
-    if fro2 <= 0:
-        return math.nan
-    return float(torch.diagonal(gram).sum() ** 2 / fro2)
+    return float(activation_pr_t(x))
+
+
+def weight_pr_t(w: Tensor) -> Tensor:
+    w = w.detach().double()
+    g = w @ w.T if w.shape[0] <= w.shape[1] else w.T @ w
+    return torch.diagonal(g).sum() ** 2 / (g * g).sum()
 
 
 def weight_pr(w: Tensor) -> float:
     """PR of the squared singular values of ``w``: ``||W||_F^4 / ||W W^T||_F^2``."""
-    w = w.detach().double()
-    g = w @ w.T if w.shape[0] <= w.shape[1] else w.T @ w
-    fro2 = (g * g).sum()
-    if fro2 <= 0:
-        return math.nan
-    return float(torch.diagonal(g).sum() ** 2 / fro2)
+    return float(weight_pr_t(w))
+
+
+def spectrum_pr_t(s: Tensor) -> Tensor:
+    return participation_ratio_t(s.double() ** 2)
 
 
 def spectrum_pr(s: Tensor) -> float:
     """PR of squared singular values ``s`` (the weight-spectrum PR given ``s``)."""
-    return participation_ratio(s.double() ** 2)
+    return float(spectrum_pr_t(s))
 
 
 def interaction_singular_values(w_q_h: Tensor, w_k_h: Tensor) -> Tensor:
     """Singular values of the head interaction matrix ``W_q_h^T W_k_h``, in factored form.
 
-    ``w_q_h``, ``w_k_h``: ``[d_head, d_model]`` (the head's rows of the torch weights).
+    ``w_q_h``, ``w_k_h``: ``[..., d_head, d_model]`` (the head's rows of the torch weights;
+    leading dimensions, e.g. heads, are a batch: one QR and one SVD call for all).
     With ``W_q_h^T = Q1 R1`` and ``W_k_h^T = Q2 R2`` (thin QR, ``R`` of size
     ``d_head x d_head``), ``W_q_h^T W_k_h = Q1 (R1 R2^T) Q2^T`` and the orthonormal
     factors leave singular values unchanged: only a ``d_head x d_head`` SVD is needed.
-    Returns ``[d_head]`` singular values in descending order.
+    Returns ``[..., d_head]`` singular values in descending order.
     """
-    _, r1 = torch.linalg.qr(w_q_h.detach().double().T)  # (d_model, d_head) -> r1 (dh, dh)
-    _, r2 = torch.linalg.qr(w_k_h.detach().double().T)
-    return torch.linalg.svdvals(r1 @ r2.T)
+    # (..., d_model, d_head) -> r1 (..., dh, dh)
+    _, r1 = torch.linalg.qr(w_q_h.detach().double().transpose(-2, -1))
+    _, r2 = torch.linalg.qr(w_k_h.detach().double().transpose(-2, -1))
+    return torch.linalg.svdvals(r1 @ r2.transpose(-2, -1))
 
 
 # ---------------------------------------------------------------------- attention

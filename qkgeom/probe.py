@@ -18,36 +18,70 @@ from qkgeom.model import GPT
 Row = tuple[int, "int | None", str, float]
 
 
-def _mean(xs: list[float]) -> float:
-    return float(sum(xs) / len(xs)) if xs else math.nan
+class _Rows:
+    """Metric rows whose values stay device tensors until :meth:`read`: one sync per probe.
+
+    A row's value is a 0-d tensor, or the mean of earlier rows (taken over the read
+    Python floats in order, as a plain ``sum / len``).
+    """
+
+    def __init__(self) -> None:
+        self.keys: list[tuple[int, int | None, str]] = []
+        self.refs: list[int | list[int]] = []
+        self.vals: list[Tensor] = []
+
+    def add(self, li: int, h: int | None, name: str, value: Tensor) -> int:
+        self.vals.append(value.detach().double().reshape(()))
+        self.keys.append((li, h, name))
+        self.refs.append(len(self.vals) - 1)
+        return len(self.vals) - 1
+
+    def add_mean(self, li: int, name: str, refs: list[int]) -> None:
+        self.keys.append((li, None, name))
+        self.refs.append(refs)
+
+    def read(self) -> list[Row]:
+        flat = torch.stack(self.vals).tolist() if self.vals else []
+        out: list[Row] = []
+        for (li, h, name), ref in zip(self.keys, self.refs):
+            v = flat[ref] if isinstance(ref, int) else \
+                float(sum(flat[i] for i in ref) / len(ref)) if ref else math.nan
+            out.append((li, h, name, v))
+        return out
+
+
+def _weight_terms(model: GPT, rows: _Rows) -> None:
+    nh, hs = model.cfg.n_head, model.cfg.d_head
+    for li, a in enumerate(model.attn_layers()):
+        wq, wk = a.q_proj.weight.detach(), a.k_proj.weight.detach()  # (C, C) each
+        rows.add(li, None, "pr_wq", M.weight_pr_t(wq))
+        rows.add(li, None, "pr_wk", M.weight_pr_t(wk))
+        # all heads at once: (nh, hs, C) -> (nh, hs) singular values
+        s_all = M.interaction_singular_values(wq.view(nh, hs, -1), wk.view(nh, hs, -1))
+        qk_pr, qk_er = [], []
+        for h in range(nh):
+            sl = slice(h * hs, (h + 1) * hs)
+            rows.add(li, h, "pr_wq", M.weight_pr_t(wq[sl]))
+            rows.add(li, h, "pr_wk", M.weight_pr_t(wk[sl]))
+            qk_pr.append(rows.add(li, h, "qk_pr", M.spectrum_pr_t(s_all[h])))
+            qk_er.append(rows.add(li, h, "qk_erank", M.effective_rank_t(s_all[h])))
+        rows.add_mean(li, "qk_pr", qk_pr)
+        rows.add_mean(li, "qk_erank", qk_er)
 
 
 def weight_rows(model: GPT) -> list[Row]:
     """Weight-spectrum metrics (no forward pass): pr_wq, pr_wk, qk_pr, qk_erank."""
-    rows: list[Row] = []
-    hs = model.cfg.d_head
-    for li, a in enumerate(model.attn_layers()):
-        wq, wk = a.q_proj.weight.detach(), a.k_proj.weight.detach()  # (C, C) each
-        rows += [(li, None, "pr_wq", M.weight_pr(wq)), (li, None, "pr_wk", M.weight_pr(wk))]
-        qk_pr, qk_er = [], []
-        for h in range(model.cfg.n_head):
-            sl = slice(h * hs, (h + 1) * hs)
-            s = M.interaction_singular_values(wq[sl], wk[sl])
-            qk_pr.append(M.spectrum_pr(s))
-            qk_er.append(M.effective_rank(s))
-            rows += [
-                (li, h, "pr_wq", M.weight_pr(wq[sl])),
-                (li, h, "pr_wk", M.weight_pr(wk[sl])),
-                (li, h, "qk_pr", qk_pr[-1]),
-                (li, h, "qk_erank", qk_er[-1]),
-            ]
-        rows += [(li, None, "qk_pr", _mean(qk_pr)), (li, None, "qk_erank", _mean(qk_er))]
-    return rows
+    rows = _Rows()
+    _weight_terms(model, rows)
+    return rows.read()
 
 
 @torch.no_grad()
 def probe_model(model: GPT, x: Tensor) -> list[Row]:
-    """All geometry metrics of ``model`` on the probe batch ``x (B, T)``."""
+    """All geometry metrics of ``model`` on the probe batch ``x (B, T)``.
+
+    Every value is computed on the model's device and read back in one transfer.
+    """
     layers = model.attn_layers()
     captured: list[dict[str, Tensor]] = [{} for _ in layers]
     handles = []
@@ -68,28 +102,25 @@ def probe_model(model: GPT, x: Tensor) -> list[Row]:
             hd.remove()
         model.train(was_training)
 
-    rows = weight_rows(model)
+    rows = _Rows()
+    _weight_terms(model, rows)
     t = x.shape[1]
     vis = M.causal_visible(t, device=x.device)  # (T, T)
     for li, cap in enumerate(captured):
         q, k = cap["q"].float(), cap["k"].float()  # (B, nh, T, hs)
         b, nh, _, hs = q.shape
-        rows.append((li, None, "pr_q", M.activation_pr(q.transpose(1, 2).reshape(-1, nh * hs))))
-        rows.append((li, None, "pr_k", M.activation_pr(k.transpose(1, 2).reshape(-1, nh * hs))))
+        rows.add(li, None, "pr_q", M.activation_pr_t(q.transpose(1, 2).reshape(-1, nh * hs)))
+        rows.add(li, None, "pr_k", M.activation_pr_t(k.transpose(1, 2).reshape(-1, nh * hs)))
         ent, ent_n = M.attention_entropy(cap["pattern"].float(), vis)  # (nh,), (nh,)
         logits = torch.where(vis, cap["scores"].float(), 0.0)  # -inf masked -> 0
         erank = M.logit_effective_rank(logits, vis)  # (nh,)
         for h in range(nh):
-            rows += [
-                (li, h, "pr_q", M.activation_pr(q[:, h].reshape(-1, hs))),
-                (li, h, "pr_k", M.activation_pr(k[:, h].reshape(-1, hs))),
-                (li, h, "entropy", float(ent[h])),
-                (li, h, "entropy_norm", float(ent_n[h])),
-                (li, h, "logit_erank", float(erank[h])),
-            ]
-        rows += [
-            (li, None, "entropy", float(ent.mean())),
-            (li, None, "entropy_norm", float(ent_n.mean())),
-            (li, None, "logit_erank", float(erank.mean())),
-        ]
-    return rows
+            rows.add(li, h, "pr_q", M.activation_pr_t(q[:, h].reshape(-1, hs)))
+            rows.add(li, h, "pr_k", M.activation_pr_t(k[:, h].reshape(-1, hs)))
+            rows.add(li, h, "entropy", ent[h])
+            rows.add(li, h, "entropy_norm", ent_n[h])
+            rows.add(li, h, "logit_erank", erank[h])
+        rows.add(li, None, "entropy", ent.mean())
+        rows.add(li, None, "entropy_norm", ent_n.mean())
+        rows.add(li, None, "logit_erank", erank.mean())
+    return rows.read()

@@ -61,6 +61,7 @@ def lr_at(cfg: TrialConfig, step: int) -> float:
 
 
 def make_optimizer(cfg: TrialConfig, model: GPT) -> torch.optim.AdamW:
+    """AdamW with decay on matrices only; the fused kernel when the model is on CUDA."""
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
@@ -68,23 +69,57 @@ def make_optimizer(cfg: TrialConfig, model: GPT) -> torch.optim.AdamW:
         {"params": decay, "weight_decay": cfg.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+    fused = bool(params) and params[0].device.type == "cuda"
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+                             fused=fused or None)
 
 
 @torch.no_grad()
 def mean_loss(model: GPT, data: np.ndarray, starts: np.ndarray, cfg: TrialConfig,
               device: torch.device, amp: contextlib.AbstractContextManager) -> float:
-    """Mean next-character loss (nats/char) over the windows at ``starts``."""
+    """Mean next-character loss (nats/char) over the windows at ``starts``.
+
+    Summed on the device in float64 and read once (one host-device sync per evaluation);
+    on CPU the same additions in the same order as a Python float sum.
+    """
     was = model.training
     model.eval()
-    total, n = 0.0, 0
+    total, n = torch.zeros((), dtype=torch.float64, device=device), 0
     for i in range(0, len(starts), cfg.batch_size):
         x, y = windows(data, starts[i : i + cfg.batch_size], cfg.block_size, device)
         with amp:
-            total += float(model.loss(x, y)) * len(x)
+            total += model.loss(x, y).detach().double() * len(x)
         n += len(x)
     model.train(was)
-    return total / n
+    return float(total) / n
+
+
+class LossSum:
+    """Sum and count of training losses since the last read, the sum kept on the device.
+
+    ``add`` never waits for the device; ``take`` reads the sum (one sync) and restarts.
+    float64 on CPU and CUDA: the same additions as a Python float sum, so the same numbers.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.reset()
+
+    def reset(self, total: float = 0.0, n: int = 0) -> None:
+        self.sum = torch.tensor(total, dtype=torch.float64, device=self.device)
+        self.n = n
+
+    def add(self, loss: torch.Tensor) -> None:
+        self.sum += loss.detach().double()
+        self.n += 1
+
+    def take(self) -> tuple[float, int]:
+        out = (float(self.sum), self.n)
+        self.reset()
+        return out
+
+    def state(self) -> list:
+        return [float(self.sum), self.n]  # the checkpoint format of earlier versions
 
 
 class Trial:
@@ -108,8 +143,8 @@ class Trial:
                                                     PROBE_SEED), cfg.block_size, self.device)
         self.step = 0
         self.tokens = 0
-        self.loss_acc = [0.0, 0]  # (sum, count) since the last StepRecord
-        self.probe_loss_acc = [0.0, 0]  # since the last probe
+        self.loss_acc = LossSum(self.device)  # since the last StepRecord
+        self.probe_loss_acc = LossSum(self.device)  # since the last probe
         self.history: list[StepRecord] = []
         self.amp = (torch.autocast("cuda", dtype=torch.bfloat16)
                     if self.device.type == "cuda" else contextlib.nullcontext())
@@ -131,8 +166,8 @@ class Trial:
             "control": self.control.state_dict(),
             "step": self.step,
             "tokens": self.tokens,
-            "loss_acc": self.loss_acc,
-            "probe_loss_acc": self.probe_loss_acc,
+            "loss_acc": self.loss_acc.state(),
+            "probe_loss_acc": self.probe_loss_acc.state(),
         }
         tmp = d / (STATE_FILE + ".tmp")
         torch.save(state, tmp)
@@ -174,10 +209,16 @@ class Trial:
             torch.cuda.set_rng_state_all(state["cuda_rng"])
         self.control.load_state_dict(state["control"])
         self.step, self.tokens = state["step"], state["tokens"]
-        self.loss_acc, self.probe_loss_acc = state["loss_acc"], state["probe_loss_acc"]
+        self.loss_acc.reset(*state["loss_acc"])
+        self.probe_loss_acc.reset(*state["probe_loss_acc"])
 
     # ---------------------------------------------------------------- steps
-    def train_step(self) -> float:
+    def train_step(self) -> torch.Tensor:
+        """One optimizer step; returns the step's loss as a detached 0-d device tensor.
+
+        Nothing here waits for the device (reading the loss would): the loss is summed on
+        the device and read at ``log_every`` and probe steps.
+        """
         cfg = self.cfg
         lr = lr_at(cfg, self.step)
         for g in self.opt.param_groups:
@@ -196,12 +237,9 @@ class Trial:
         self.step += 1
         self.control.after_step(self.step)
         self.tokens += x.numel()
-        lv = float(loss.detach())
-        self.loss_acc[0] += lv
-        self.loss_acc[1] += 1
-        self.probe_loss_acc[0] += lv
-        self.probe_loss_acc[1] += 1
-        return lv
+        self.loss_acc.add(loss)
+        self.probe_loss_acc.add(loss)
+        return loss.detach()
 
     def val_loss(self) -> float:
         return mean_loss(self.model, self.corpus.val, self.val_starts, self.cfg, self.device,
@@ -213,8 +251,7 @@ class Trial:
         tgt = self.control.targets_now()
         if tgt is not None:
             rows += [(li, None, "wk_target_pr", float(v)) for li, v in enumerate(tgt)]
-        s, n = self.probe_loss_acc
-        self.probe_loss_acc = [0.0, 0]
+        s, n = self.probe_loss_acc.take()
         rec = ProbeRecord(
             step=self.step,
             progress=self.step / self.cfg.max_steps,
@@ -249,7 +286,8 @@ def train(
     ``snapshot_dir``: where to write ``step_NNNNNNN/`` weight snapshots, before ``report``
     sees the step: at probe steps that are multiples of ``snapshot_every`` (every probe
     when it is 0) and at the last step.
-    ``progress(step, info)`` is called after every step with loss/throughput for displays.
+    ``progress(step, info)`` is called after every step with loss/throughput for displays;
+    ``info["loss"]`` is a 0-d tensor (formatting it reads it: a device sync on CUDA).
     """
     t_start = time.perf_counter()
     tr = Trial(cfg, corpus)
@@ -296,10 +334,9 @@ def train(
         if not math.isnan(val):
             last_val = val
         if step % cfg.log_every == 0 or is_eval or is_probe:
-            s, n = tr.loss_acc
+            s, n = tr.loss_acc.take()
             tr.history.append(StepRecord(step, s / n if n else math.nan, val,
                                          lr_at(cfg, step - 1), window_tok / max(window_t, 1e-9)))
-            tr.loss_acc = [0.0, 0]
             window_t, window_tok = 0.0, 0
         if is_probe:
             emit(tr.probe(val, probe_tok / max(probe_t, 1e-9)))

@@ -524,16 +524,10 @@ def _join(storage: str, name: str) -> str:
 
 
 def code_version() -> str:
-    import subprocess
+    """``__version__+h<content hash>``: the shipped wheel's version on a cluster node."""
+    from qkgeom.ship import code_version as shipped_version
 
-    from qkgeom import __version__
-
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=5, cwd=Path(__file__).parent).stdout.strip()
-    except Exception:
-        sha = ""
-    return f"{__version__}+{sha}" if sha else __version__
+    return shipped_version()
 
 
 def _absolute_sqlite(url: str) -> str:
@@ -1160,13 +1154,12 @@ def validate_cluster_file(path: str | Path) -> dict[str, Any]:
             raise ClusterConfigError(
                 f"{where}: available_node_types.{head}.resources: the head must run no "
                 "trials: set resources: {CPU: 0, GPU: 0} (the driver and database live there)")
-    texts = [str(c) for k in _COMMAND_KEYS for c in (cfg.get(k) or [])]
-    docker = cfg.get("docker") or {}
-    texts += [str(docker.get(k, "")) for k in ("image", "head_image", "worker_image")]
-    if not any("qkgeom" in t for t in texts):
-        raise ClusterConfigError(
-            f"{where}: setup_commands: nothing installs qkgeom; add e.g. "
-            "'pip install qkgeom' to setup_commands or use a docker.image with qkgeom")
+    from qkgeom.ship import ShipError, check_installs
+
+    try:
+        check_installs(cfg, where)
+    except ShipError as e:
+        raise ClusterConfigError(str(e)) from None
 
     from ray.autoscaler._private.util import prepare_config, validate_config
 
@@ -1229,8 +1222,8 @@ def remote_sweep_command(name: str, *, spec_remote: str | None, preset: str | No
              "--progress-every", "30"]
     line = " ".join(_q(a) for a in args)
     log = f"{logdir}/{name}.log"
-    # QKGEOM_VENV (optional, on the head) puts a venv's qkgeom first on PATH
-    return (f'export PATH="${{QKGEOM_VENV:+$QKGEOM_VENV/bin:}}$PATH"; mkdir -p {logdir} && '
+    # the cluster files install qkgeom into ~/qkgeom-venv; other nodes find it on PATH
+    return (f'export PATH="$HOME/qkgeom-venv/bin:$PATH"; mkdir -p {logdir} && '
             f"cd {logdir} && (setsid nohup qkgeom {line} > {log} 2>&1 < /dev/null &) && "
             f"echo started: {log}")
 
@@ -1255,13 +1248,20 @@ def launch_on_cluster(cluster_file: str, *, plan: SweepPlan | None, name: str,
                       sets: tuple[str, ...] | list[str], db: str | None, resume: bool,
                       gpus_per_trial: float | None, cpus_per_trial: float,
                       max_concurrent: int | None, max_failures: int, direct_writes: bool,
-                      storage: str | None, out: Any = print,
-                      snapshots: str | None = None) -> dict[str, Any]:
-    """Validate the cluster file, start/update the cluster, run the driver on its head.
+                      storage: str | None, dry_run: bool = False,
+                      out: Any = print, snapshots: str | None = None) -> dict[str, Any]:
+    """Validate the cluster file, ship qkgeom, start/update the cluster, run the driver.
 
     The spec is validated here first (``plan``), so a bad spec never starts machines.
+    What is launched is a derived copy of the file (:mod:`qkgeom.ship`): the running
+    qkgeom as a wheel (and a local ``--data``) in ``file_mounts``. ``dry_run`` prints that
+    file and the remote command and starts nothing.
     """
-    from ray.autoscaler import sdk
+    import tempfile
+
+    import yaml
+
+    from qkgeom import ship
 
     cfg = validate_cluster_file(cluster_file)
     types = cfg.get("available_node_types") or {}
@@ -1276,26 +1276,50 @@ def launch_on_cluster(cluster_file: str, *, plan: SweepPlan | None, name: str,
             "s3://... or gs://... (a head-local path fails once trials run on workers)")
     if db and db.startswith("sqlite") or (db and "://" not in db):
         out(f"note: the SQLite database {db} lives on the head node")
-    out(f"starting/updating the Ray cluster of {cluster_file} (ray up) ...")
-    t0 = time.perf_counter()
-    sdk.create_or_update_cluster(cluster_file, no_restart=False, restart_only=False,
-                                 no_config_cache=True)
-    out(f"cluster up in {time.perf_counter() - t0:.0f} s")
-    spec_remote = None
-    if spec_file:
-        spec_remote = f"~/qkgeom-sweeps/{name}{Path(spec_file).suffix}"
-        sdk.run_on_cluster(cluster_file, cmd="mkdir -p ~/qkgeom-sweeps")
-        sdk.rsync(cluster_file, source=str(Path(spec_file).resolve()),
-                  target=spec_remote, down=False)
+    local_data = ship.data_to_ship(data)  # a too-large corpus is refused before any build
+    tmp = Path(tempfile.mkdtemp(prefix="qkgeom-cluster-"))
+    shipped = None
+    if ship.ships_wheel(cfg):
+        shipped = ship.build_wheel(tmp)
+        out(f"shipping qkgeom {shipped.version} ({shipped.wheel})")
+    else:
+        out(f"note: {cluster_file} installs qkgeom itself (no $QKGEOM_WHEEL): the nodes run "
+            "that qkgeom, not this one")
+    derived, remote_data = ship.derive_cluster_config(cfg, shipped, local_data)
+    derived_file = str(ship.write_cluster_file(derived, tmp, Path(cluster_file).stem))
+    spec_remote = f"~/qkgeom-sweeps/{name}{Path(spec_file).suffix}" if spec_file else None
     cmd = remote_sweep_command(
-        name, spec_remote=spec_remote, preset=preset if not spec_file else None, data=data,
-        sets=sets, db=db, resume=resume, gpus_per_trial=gpus_per_trial,
-        cpus_per_trial=cpus_per_trial, max_concurrent=max_concurrent,
-        max_failures=max_failures, direct_writes=direct_writes, storage=storage,
-        address=head_address(cfg), snapshots=snapshots)
-    sdk.run_on_cluster(cluster_file, cmd=cmd)
+        name, spec_remote=spec_remote, preset=preset if not spec_file else None,
+        data=remote_data or data, sets=sets, db=db, resume=resume,
+        gpus_per_trial=gpus_per_trial, cpus_per_trial=cpus_per_trial,
+        max_concurrent=max_concurrent, max_failures=max_failures,
+        direct_writes=direct_writes, storage=storage, address=head_address(cfg),
+        snapshots=snapshots)
+    if dry_run:
+        out(f"dry run: nothing started. derived cluster file {derived_file}:\n"
+            f"{yaml.safe_dump(derived, sort_keys=False)}\nremote command (on the head):\n{cmd}")
+        return {"command": cmd, "cluster_file": derived_file, "shipped": shipped}
+
+    from ray.autoscaler import sdk
+
+    out(f"starting/updating the Ray cluster of {cluster_file} (ray up {derived_file}) ...")
+    t0 = time.perf_counter()
+    try:
+        sdk.create_or_update_cluster(derived_file, no_restart=False, restart_only=False,
+                                     no_config_cache=True)
+    except Exception as e:
+        msg = ship.credentials_error(e, cluster_file)
+        if msg is None:
+            raise
+        raise ClusterConfigError(msg) from None
+    out(f"cluster up in {time.perf_counter() - t0:.0f} s")
+    if spec_file:
+        sdk.run_on_cluster(derived_file, cmd="mkdir -p ~/qkgeom-sweeps")
+        sdk.rsync(derived_file, source=str(Path(spec_file).resolve()),
+                  target=spec_remote, down=False)
+    sdk.run_on_cluster(derived_file, cmd=cmd)
     db_arg = f" --db {_q(db)}" if db else ""
-    venv = 'export PATH="${QKGEOM_VENV:+$QKGEOM_VENV/bin:}$PATH"; '
+    venv = 'export PATH="$HOME/qkgeom-venv/bin:$PATH"; '
     follow = {
         "log": f"ray exec {cluster_file} 'tail -f ~/qkgeom-sweeps/{name}.log'",
         "status": f"ray exec {cluster_file} '{venv}cd ~/qkgeom-sweeps && "
@@ -1312,4 +1336,5 @@ def launch_on_cluster(cluster_file: str, *, plan: SweepPlan | None, name: str,
         "SQLite on the head, fetch the file:\n"
         f"  ray rsync-down {cluster_file} ~/qkgeom-sweeps/qkgeom.db ./qkgeom.db\n"
         f"stop the cluster when done: ray down {cluster_file}")
-    return {"command": cmd, "follow": follow}
+    return {"command": cmd, "follow": follow, "cluster_file": derived_file,
+            "shipped": shipped}

@@ -36,6 +36,10 @@ DB_HELP = "Results database URL or SQLite file (default: $QKGEOM_DB, else sqlite
 @click.option("--cluster", "cluster_file", type=click.Path(dir_okay=False), default=None,
               help="Start/update this Ray cluster (cluster/aws.yaml ...) and run the sweep's "
               "driver on its head node, detached.")
+@click.option("--dry-run", is_flag=True,
+              help="Validate and print what would run, start nothing: the plan's trials; "
+              "with --cluster, build the wheel to ship and print the derived cluster file "
+              "and the remote command instead (no Ray, no database).")
 @click.option("--resume", is_flag=True,
               help="Continue sweep --name: restart errored and unfinished trials from their "
               "last checkpoints; finished trials are not rerun.")
@@ -62,14 +66,12 @@ DB_HELP = "Results database URL or SQLite file (default: $QKGEOM_DB, else sqlite
               help="Seconds between progress lines when nothing changes.")
 @click.option("--prune-age", type=float, default=60.0, hidden=True,
               help="Seconds before a superseded resume checkpoint is pruned (tests).")
-@click.option("--dry-run", is_flag=True,
-              help="Validate the spec and print what it would run (no Ray, no database).")
 def sweep(preset_name: str | None, spec_file: str | None, name: str | None, db: str | None,
           data: str | None, sets: tuple[str, ...], address: str | None,
-          cluster_file: str | None, resume: bool, gpus_per_trial: float | None,
+          cluster_file: str | None, dry_run: bool, resume: bool, gpus_per_trial: float | None,
           cpus_per_trial: float, max_concurrent: int | None, max_failures: int,
           direct_writes: bool, storage: str | None, snapshots: str | None,
-          progress_every: float, prune_age: float, dry_run: bool) -> None:
+          progress_every: float, prune_age: float) -> None:
     """Run a study (geometry grid + intervention arms) on Ray Tune into the database."""
     from qkgeom.sweep import plan_from
 
@@ -91,7 +93,7 @@ def sweep(preset_name: str | None, spec_file: str | None, name: str | None, db: 
             raise click.BadParameter("must be >= 0", param_hint="--prune-age")
         plan = None if from_db else plan_from(preset_name, spec_file, name=name, data=data,
                                               sets=sets, snapshots=snapshots)
-        if dry_run:
+        if dry_run and not cluster_file:
             if plan is None:
                 raise click.UsageError("--dry-run needs --preset or --spec")
             from qkgeom.sweep import plan_summary
@@ -107,6 +109,7 @@ def sweep(preset_name: str | None, spec_file: str | None, name: str | None, db: 
                 gpus_per_trial=gpus_per_trial, cpus_per_trial=cpus_per_trial,
                 max_concurrent=max_concurrent, max_failures=max_failures,
                 direct_writes=direct_writes, storage=storage, snapshots=snapshots,
+                dry_run=dry_run,
             )
             return
 
