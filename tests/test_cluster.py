@@ -182,7 +182,7 @@ def _node(code: str) -> str:
     return p.stdout.strip() if p.returncode == 0 else f"error: {p.stderr.strip()[-300:]}"
 
 
-def _wait_for_sweep(db: str, name: str, timeout: float = 300) -> list[str]:
+def _wait_for_sweep(db: str, name: str, timeout: float = 600) -> list[str]:
     from qkgeom.store import open_store
 
     deadline = time.monotonic() + timeout
@@ -192,7 +192,10 @@ def _wait_for_sweep(db: str, name: str, timeout: float = 300) -> list[str]:
         if Path(db).exists():
             try:
                 with open_store(db) as store:
-                    statuses = store.trials(name)["status"].to_list()
+                    df = store.trials(name)
+                statuses = df["status"].to_list()
+                last_error = "; ".join(f"{k}: {s}: {(e or '')[-300:]}" for k, s, e in zip(
+                    df["trial_key"], df["status"], df["error"]) if s != "terminated")
             except Exception as e:  # not written yet; kept for the failure message
                 statuses, last_error = [], str(e)
             if statuses and all(s in ("terminated", "error") for s in statuses):

@@ -477,14 +477,14 @@ def _assert_no_helpers_left(kids: list) -> None:
     assert not alive, [(p.pid, p.name()) for p in alive]
 
 
-def test_sigterm_marks_running_trials_interrupted_and_leaves_no_ray(scratch, pg_url,  # noqa: F811
+def test_sigterm_marks_running_trials_interrupted_and_leaves_no_ray(scratch, db_url,  # noqa: F811
                                                                      wikitext_dir):
-    """On PostgreSQL (the SIGINT test below runs on SQLite)."""
+    """On both backends (``db_url`` is parametrised over SQLite and PostgreSQL)."""
     import signal
 
     from sweep_fixtures import assert_matches_reference, run_cli
 
-    db = pg_url
+    db = db_url
     rc, out, kids = _interrupt(scratch, wikitext_dir, db, signal.SIGTERM)
     assert rc == 128 + signal.SIGTERM, out
     _assert_interrupted_record(db, out, "SIGTERM")
@@ -502,13 +502,14 @@ def test_sigterm_marks_running_trials_interrupted_and_leaves_no_ray(scratch, pg_
 
 
 def test_sigint_then_resume_with_another_storage_retrains_no_finished_trial(
-        scratch, wikitext_dir):  # noqa: F811
+        scratch, db_url, wikitext_dir):  # noqa: F811
+    """On both backends (``db_url`` is parametrised over SQLite and PostgreSQL)."""
     import shutil
     import signal
 
     from sweep_fixtures import assert_matches_reference, run_cli
 
-    db = f"{scratch}/sig.db"
+    db = db_url
     rc, out, kids = _interrupt(scratch, wikitext_dir, db, signal.SIGINT)
     assert rc == 128 + signal.SIGINT, out
     _assert_interrupted_record(db, out, "SIGINT")

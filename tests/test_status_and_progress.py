@@ -59,6 +59,7 @@ def test_status_json_for_every_state(tmp_path):
             "trial": key, "status": status, "attempts": attempts, "step": last,
             "max_steps": 40,
             "val_loss": None if val is None or math.isnan(val) else val,
+            "snapshots": 0, "test_loss": None,  # none planted
             "host": host or "", "device": device or "",
             "error": error.splitlines()[-1] if error else ""}, key
 
