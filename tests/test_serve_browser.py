@@ -1,10 +1,11 @@
 """``qkgeom serve`` in a real browser: Debian's headless Chromium driven by Selenium through
 /usr/bin/chromedriver (nothing downloads a browser), watching a sweep being written.
 
-A writer thread writes the sweep through the store API while the page reloads itself
-every second: the page must show the trials appear (running, verdicts provisional), then
-finish (terminated, verdicts final), with a rendered chart (an SVG with line marks) and
-the verdict table; a screenshot is saved under the test's tmp dir.
+The page reloads itself every second while (1) a writer thread stores a planted sweep
+through the store API, and (2) a real ``qkgeom sweep --preset smoke`` (local Ray, real
+training) runs: the page must show the trials appear (not finished, verdicts
+provisional), then finish (terminated, verdicts final), with a rendered chart (an SVG
+with line marks) and the verdict table; screenshots are saved under the test's tmp dir.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 from ci_env import skip_or_fail
 from stats_fixtures import make_synthetic_db
+from sweep_fixtures import QKGEOM, cli_env, scratch  # noqa: F401  (pytest fixture)
 from test_serve import serve_process
 
 CHROMIUM = "/usr/bin/chromium"
@@ -25,7 +27,7 @@ DRIVER = "/usr/bin/chromedriver"
 
 
 @pytest.fixture
-def browser():
+def browser(monkeypatch: pytest.MonkeyPatch):
     if not (Path(CHROMIUM).exists() and Path(DRIVER).exists()):
         skip_or_fail("Debian's chromium and chromium-driver are not installed: "
                      "apt-get install -y chromium chromium-driver")
@@ -34,7 +36,7 @@ def browser():
         from selenium.webdriver.chrome.service import Service
     except ImportError:
         skip_or_fail("selenium is not installed: pip install -e '.[dev]'")
-    os.environ["SE_OFFLINE"] = "true"  # Selenium Manager must never fetch anything
+    monkeypatch.setenv("SE_OFFLINE", "true")  # Selenium Manager must never fetch anything
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
     for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
@@ -129,3 +131,53 @@ def test_page_watches_a_sweep(browser, tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_page_watches_a_real_smoke_sweep(browser, scratch, wikitext_dir,  # noqa: F811
+                                         tmp_path: Path) -> None:
+    import subprocess
+
+    from qkgeom.store import open_store
+
+    url = f"sqlite:///{scratch}/smoke.db"
+    open_store(url).close()
+    server, base = serve_process(url, "--refresh", "1")
+    log = open(scratch / "sweep.log", "w")
+    sweep = None
+    try:
+        browser.get(base + "/")
+        sweep = subprocess.Popen(
+            [QKGEOM, "sweep", "--preset", "smoke", "--name", "smoke", "--db", url, "--data",
+             str(wikitext_dir), "--set", "max_steps=120", "--progress-every", "60"],
+            env=cli_env(scratch), stdout=log, stderr=subprocess.STDOUT, cwd=scratch)
+        wait_for(browser, "return document.querySelectorAll(\"a[href='/sweeps/smoke']\")"
+                 ".length", lambda n: n == 1, "the sweep on the index page", timeout=180)
+        browser.get(base + "/sweeps/smoke")
+        seen: list[list[str]] = []
+
+        def done(statuses: list[str]) -> bool:
+            seen.append(statuses)
+            return len(statuses) == 11 and set(statuses) == {"terminated"}
+
+        # 4 grid trials + 1 extra baseline seed + 3 arms x 2 seeds (the smoke preset)
+        wait_for(browser, STATUSES, done, "11 terminated trials", timeout=400)
+        assert sweep.wait(timeout=120) == 0, (scratch / "sweep.log").read_text()[-3000:]
+        unfinished = [s for s in seen if s and set(s) != {"terminated"}]
+        assert unfinished, "the page never showed a trial before it finished"
+        assert any({"pending", "running"} & set(s) for s in unfinished)
+        v = wait_for(browser, VERDICTS, lambda v: len(v) >= 8 and not any(
+            "provisional" in x for x in v), "final verdicts")
+        assert set(v) <= {"holds", "does not hold", "not enough data"}, v
+        n = wait_for(browser, LINES, lambda n: n > 0, "chart line marks")
+        assert n == 12  # PR_Q and PR_K per (depth, init, layer): 2 x (1 + 2) x 2 inits
+        shot = tmp_path / "smoke.png"
+        assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+    finally:
+        if sweep is not None and sweep.poll() is None:
+            sweep.terminate()
+            sweep.wait(timeout=60)
+        log.close()
+        server.terminate()
+        server.wait(timeout=30)
