@@ -87,7 +87,9 @@ def test_page_watches_a_sweep(browser, tmp_path: Path) -> None:
     proc, base = serve_process(url, "--refresh", "1")
     try:
         browser.get(base + "/")
-        assert "No sweeps in this database yet" in browser.page_source
+        wait_for(browser, "return document.body.innerText",
+                 lambda t: "No sweeps in this database yet" in t, "the empty index page",
+                 timeout=30)
         writer = threading.Thread(target=make_synthetic_db, args=(url,), kwargs=dict(
             sweep="smoke", seeds=5, status="running"))
         writer.start()
