@@ -4,8 +4,10 @@ A Starlette app (:func:`create_app`) served by uvicorn. Pages are plain HTML bui
 server from :class:`qkgeom.study.Study`; charts are the project's altair charts rendered
 to inline SVG by vl-convert, so the page needs no network and no script from anywhere.
 Pages reload themselves every few seconds (``<meta http-equiv="refresh">``, ``refresh=0``
-turns it off). Verdicts and charts are cached on a fingerprint of the sweep's data
-(:meth:`Study.version`), so a refresh with nothing new costs two small queries.
+turns it off). Verdicts and charts are computed in background threads and kept per
+fingerprint of the sweep's data (:meth:`Study.version`): a refresh with nothing new
+costs a few small queries, and a page never waits more than ``wait_s`` for a slow
+verdict (it shows the previous verdicts, marked, until the new ones are ready).
 
 Routes (``NAME`` a sweep):
 
@@ -33,7 +35,6 @@ import json
 import math
 import tempfile
 import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -150,37 +151,78 @@ def _message(status: int, text: str) -> HTMLResponse:
 # --------------------------------------------------------------------------- the app
 
 
-class _Cache:
-    """A small LRU of computed results keyed on (sweep, data version, what, params)."""
+class _Jobs:
+    """Results computed in background threads, kept per key with the data version they
+    were computed on. A request asks for (key, version): the result for that version if
+    there is one; otherwise a computation starts (one per key at a time) and the request
+    waits up to ``wait_s`` for it, then gets the newest older result (``fresh`` False) or
+    None. So a slow verdict never holds a page for long, and a page shows the last
+    verdicts while new ones are computed."""
 
-    def __init__(self, size: int = 64) -> None:
-        self._d: OrderedDict[Any, Any] = OrderedDict()
-        self._lock = threading.Lock()
-        self.size = size
+    def __init__(self, wait_s: float) -> None:
+        from concurrent.futures import ThreadPoolExecutor
 
-    def get(self, key: Any, make: Callable[[], Any]) -> Any:
-        with self._lock:
-            if key in self._d:
-                self._d.move_to_end(key)
-                return self._d[key]
-        value = make()
-        with self._lock:
-            self._d[key] = value
-            while len(self._d) > self.size:
-                self._d.popitem(last=False)
-        return value
+        self.wait_s = wait_s
+        self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="qkgeom-serve")
+        self.latest: dict[Any, tuple[Any, Any]] = {}
+        self.running: dict[Any, tuple[Any, Any]] = {}
+        self.lock = threading.Lock()
+
+    def _run(self, key: Any, version: Any, make: Callable[[], Any]) -> None:
+        try:
+            value = make()
+        except Exception as e:  # shown on the page as one line, never a traceback
+            value = _Failed(f"{type(e).__name__}: {e}".splitlines()[0])
+        with self.lock:
+            self.latest[key] = (version, value)
+            self.running.pop(key, None)
+
+    def get(self, key: Any, version: Any, make: Callable[[], Any], *,
+            wait_s: float | None = None) -> tuple[Any, bool]:
+        """(value or None, fresh); ``wait_s`` None: this object's default, inf: block."""
+        with self.lock:
+            have = self.latest.get(key)
+            if have is not None and have[0] == version:
+                return have[1], True
+            run = self.running.get(key)
+            if run is None:
+                fut = self.pool.submit(self._run, key, version, make)
+                self.running[key] = (version, fut)
+            else:
+                fut = run[1] if run[0] == version else None
+        wait = self.wait_s if wait_s is None else wait_s
+        if fut is not None and wait > 0:
+            from concurrent.futures import TimeoutError as FutureTimeout
+
+            try:
+                fut.result(timeout=None if math.isinf(wait) else wait)
+            except FutureTimeout:
+                pass
+        with self.lock:
+            have = self.latest.get(key)
+        if have is None:
+            return None, False
+        return have[1], have[0] == version
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+class _Failed:
+    def __init__(self, message: str) -> None:
+        self.message = message
 
 
 class Server:
     """The state behind the routes: one read-only store shared by every request."""
 
     def __init__(self, store: Any, *, refresh: int = DEFAULT_REFRESH_S, seed: int = 0,
-                 n_boot: int = 10_000) -> None:
+                 n_boot: int = 10_000, wait_s: float = 1.0) -> None:
         self.store = store
         self.refresh = refresh
         self.seed = seed
         self.n_boot = n_boot
-        self.cache = _Cache()
+        self.jobs = _Jobs(wait_s)
 
     # ------------------------------------------------------------------ helpers
     def study(self, name: str) -> Study:
@@ -214,8 +256,10 @@ class Server:
                            f"{', '.join(st.metrics())}")
         return metric, view
 
-    def chart_svg(self, st: Study, version: Any, metric: str, view: str) -> tuple[str, str]:
-        """(svg, note): the chart as inline SVG, or an empty string and why there is none."""
+    def chart_svg(self, st: Study, version: Any, metric: str, view: str, *,
+                  wait_s: float | None = None) -> tuple[Any, bool]:
+        """((svg, note), fresh): the chart as inline SVG, or an empty string and why there
+        is none; (None, False) while the first one is being drawn."""
         from qkgeom import plots
 
         def make() -> tuple[str, str]:
@@ -234,13 +278,14 @@ class Server:
             svg = plots.to_svg(ch)
             return svg[svg.find("<svg"):], ""
 
-        return self.cache.get((st.name, version, "chart", metric, view), make)
+        return self.jobs.get((st.name, "chart", metric, view), version, make, wait_s=wait_s)
 
-    def claims(self, st: Study, version: Any, unfinished: bool) -> list[Any]:
-        return self.cache.get((st.name, version, "claims", unfinished), lambda: st.claims(
-            seed=self.seed, n_boot=self.n_boot, finished_only=not unfinished))
+    def claims(self, st: Study, version: Any, unfinished: bool, *,
+               wait_s: float | None = None) -> tuple[Any, bool]:
+        return self.jobs.get((st.name, "claims", unfinished), version, lambda: st.claims(
+            seed=self.seed, n_boot=self.n_boot, finished_only=not unfinished), wait_s=wait_s)
 
-    def trends(self, st: Study, version: Any) -> list[dict[str, Any]]:
+    def trends(self, st: Study, version: Any) -> tuple[Any, bool]:
         def make() -> list[dict[str, Any]]:
             rows = []
             for r in st.pretrained().iter_rows(named=True):
@@ -254,7 +299,7 @@ class Server:
                 rows.append(row)
             return rows
 
-        return self.cache.get(("pretrained", version[-1], "trends"), make)
+        return self.jobs.get(("pretrained", "trends"), version[-1], make)
 
     # ------------------------------------------------------------------ routes
     def index(self, req: Request) -> Response:
@@ -314,14 +359,17 @@ class Server:
                         for v in VIEWS)
         keep = "".join(f"<input type='hidden' name='{_e(k)}' value='{_e(v)}'>"
                        for k, v in q.items() if k not in ("metric", "view"))
-        svg, note = self.chart_svg(st, version, metric, view)
+        got, fresh = self.chart_svg(st, version, metric, view)
+        svg, note = got if isinstance(got, tuple) else ("", _pending(got))
         data_q = urlencode({"metric": metric, "view": view})
         out += ["<h2>Trajectories</h2>",
                 f"<form method='get' id='chart-form'>{keep}<label>metric <select name='metric'>"
                 f"{opts}</select></label> <label>view <select name='view'>{vopts}</select>"
                 "</label> <button type='submit'>show</button></form>",
-                f"<figure id='chart'>{svg}</figure>" if svg else
-                f"<p class='note' id='chart-note'>No chart yet: {_e(note)}</p>",
+                (f"<figure id='chart'>{svg}</figure>" if svg else
+                 f"<p class='note' id='chart-note'>No chart yet: {_e(note)}</p>")
+                + ("" if fresh else "<p class='note updating'>Redrawing for the newest data"
+                   "...</p>"),
                 f"<p class='note'>Baseline arm, every trial (finished or not). Download: "
                 f"<a href='/sweeps/{name}/trajectories.csv?{_e(data_q)}'>data (CSV)</a>, "
                 f"<a href='/sweeps/{name}/chart.svg?{_e(data_q)}'>chart (SVG)</a></p>"]
@@ -332,22 +380,32 @@ class Server:
                     "= the arm-none trial of the same depth, init and seed.</p>",
                     html_table(arms.to_dicts(), table_id="arms")]
         # claims
-        claims = self.claims(st, version, unfinished)
+        claims, fresh = self.claims(st, version, unfinished)
         mark = " <span class='provisional'>(provisional)</span>" if provisional else ""
-        rows = "".join(
-            f"<tr><td>{_e(c.key)}</td><td>{_e(c.paper)}</td><td>{_e(c.measured)}</td>"
-            f"<td class='{_verdict_class(c.verdict)}'>{_e(c.verdict)}{mark}</td></tr>"
-            for c in claims)
+        if not fresh:  # computed on an earlier state of the data
+            mark += " <span class='provisional'>(updating)</span>"
         which = ("all trials, finished or not" if unfinished else "finished trials only")
         out += ["<h2>Claims and verdicts</h2>",
-                f"<p class='note'>Computed now on {which} (the code of <code>qkgeom report"
+                f"<p class='note'>Computed on {which} (the code of <code>qkgeom report"
                 f"</code>). <a href='{_e(link(unfinished=0 if unfinished else 1))}'>"
                 f"{'finished trials only' if unfinished else 'include unfinished trials'}"
-                "</a></p>",
-                "<table id='claims'><thead><tr><th>claim</th><th>paper</th><th>measured</th>"
-                f"<th>verdict</th></tr></thead><tbody>{rows}</tbody></table>"]
-        pre = self.trends(st, version)
-        if pre:
+                "</a></p>"]
+        if isinstance(claims, list):
+            rows = "".join(
+                f"<tr><td>{_e(c.key)}</td><td>{_e(c.paper)}</td><td>{_e(c.measured)}</td>"
+                f"<td class='{_verdict_class(c.verdict)}'>{_e(c.verdict)}{mark}</td></tr>"
+                for c in claims)
+            out.append("<table id='claims'><thead><tr><th>claim</th><th>paper</th>"
+                       f"<th>measured</th><th>verdict</th></tr></thead><tbody>{rows}</tbody>"
+                       "</table>")
+            if not fresh:
+                out.append("<p class='note updating' id='claims-stale'>These verdicts are "
+                           "from an earlier state of the database; new ones are being "
+                           "computed.</p>")
+        else:
+            out.append(f"<p class='note' id='claims-note'>{_e(_pending(claims))}</p>")
+        pre, _ = self.trends(st, version)
+        if isinstance(pre, list) and pre:
             out += ["<h2>Pretrained models</h2><p class='note'>Trend of PR_Q - PR_K over each "
                     "model's checkpoints (Spearman vs step, peak).</p>",
                     html_table(pre, table_id="pretrained")]
@@ -401,7 +459,8 @@ class Server:
     def chart(self, req: Request) -> Response:
         st = self.study(req.path_params["name"])
         metric, view = self._metric(st, req)
-        svg, note = self.chart_svg(st, st.version(), metric, view)
+        got, _ = self.chart_svg(st, st.version(), metric, view, wait_s=math.inf)
+        svg, note = got if isinstance(got, tuple) else ("", _pending(got))
         if not svg:
             raise NotFound(f"no chart for {metric} yet: {note}")
         return Response(svg, media_type="image/svg+xml")
@@ -410,7 +469,9 @@ class Server:
         st = self.study(req.path_params["name"])
         unfinished = self._flag(req, "unfinished")
         prog = st.progress()
-        claims = self.claims(st, st.version(), unfinished)
+        claims, _ = self.claims(st, st.version(), unfinished, wait_s=math.inf)
+        if not isinstance(claims, list):
+            raise QkgeomError(_pending(claims))
         data = {"sweep": st.name, "provisional": not prog["finished"],
                 "finished_only": not unfinished, "progress": prog,
                 "claims": [{"key": c.key, "paper": c.paper, "measured": c.measured,
@@ -424,6 +485,12 @@ class Server:
             st.report(d, seed=self.seed, n_boot=self.n_boot, finished_only=not unfinished)
             text = (Path(d) / "report.html").read_text(encoding="utf-8")
         return HTMLResponse(text)
+
+
+def _pending(got: Any) -> str:
+    if isinstance(got, _Failed):
+        return f"could not compute it: {got.message}"
+    return "being computed (this page reloads by itself)"
 
 
 def _counts(status: dict[str, int]) -> str:
@@ -487,15 +554,17 @@ class TokenMiddleware:
 
 def create_app(db: str | None = None, *, token: str | None = None,
                refresh: int = DEFAULT_REFRESH_S, n_boot: int = 10_000,
-               seed: int = 0) -> Starlette:
+               seed: int = 0, wait_s: float = 1.0) -> Starlette:
     """The web app over database ``db``, opened read-only now (a bad URL or a database
-    without qkgeom's schema fails here, with the usual one-line message)."""
+    without qkgeom's schema fails here, with the usual one-line message). A page waits
+    up to ``wait_s`` for verdicts and charts computed in the background, then shows the
+    previous ones (or a note) and picks up the new ones on a later reload."""
     from contextlib import asynccontextmanager
 
     from qkgeom.store import open_store
 
     store = open_store(db, create=False, readonly=True)
-    srv = Server(store, refresh=refresh, seed=seed, n_boot=n_boot)
+    srv = Server(store, refresh=refresh, seed=seed, n_boot=n_boot, wait_s=wait_s)
 
     def wrap(fn: Callable[[Request], Response]) -> Callable[[Request], Response]:
         def endpoint(req: Request) -> Response:  # sync: Starlette runs it in a thread
@@ -532,6 +601,7 @@ def create_app(db: str | None = None, *, token: str | None = None,
     @asynccontextmanager
     async def lifespan(app: Starlette) -> Any:
         yield
+        srv.jobs.close()
         store.close()
 
     app = Starlette(routes=routes, lifespan=lifespan,

@@ -53,7 +53,9 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
 
 @pytest.fixture(scope="module")
 def client(db):
-    with TestClient(create_app(db[0], n_boot=10_000)) as c:
+    # pages wait for their verdicts and charts here (test_slow_work_never_holds_a_page
+    # checks the server's default: a page that does not wait)
+    with TestClient(create_app(db[0], n_boot=10_000, wait_s=120)) as c:
         yield c
 
 
@@ -180,24 +182,64 @@ def test_page_follows_the_writes(db, tmp_path: Path) -> None:
     path = tmp_path / "copy.db"
     path.write_bytes(db[1].read_bytes())
     url = "sqlite:///" + str(path)
-    with TestClient(create_app(url, n_boot=2000)) as c:
+    with TestClient(create_app(url, n_boot=2000, wait_s=120)) as c:
         before = c.get("/sweeps/live?refresh=0").text
         assert "30/100" not in before
-        from qkgeom.store import open_store
-
-        with open_store(url) as st:
-            tid = int(st.trials("live")["id"][0])
-            rows = [(layer, None, k, v) for layer in range(2)
-                    for k, v in _live_values(30, layer).items()]
-            st.write_probes(tid, [ProbeRecord(step=30, progress=0.3, tokens=30,
-                                              train_loss=1.0, val_loss=0.75, lr=1e-3,
-                                              tokens_per_s=1.0, metrics=rows)])
-            st.set_trial_status(tid, "terminated")
+        _write_step(url, 30, finish=True)
         after = c.get("/sweeps/live?refresh=0").text
         assert "<meta http-equiv" not in after
         row = [r for r in rows_of(after, "trials") if "30/100" in r]
         assert len(row) == 1 and "0.7500" in row[0] and "s-terminated" in row[0]
         assert before.split("<figure")[1] != after.split("<figure")[1]  # chart redrawn
+
+
+def _write_step(url: str, step: int, *, finish: bool = False) -> None:
+    from qkgeom.store import open_store
+
+    with open_store(url) as st:
+        tid = int(st.trials("live")["id"][0])
+        rows = [(layer, None, k, v) for layer in range(2)
+                for k, v in _live_values(step, layer).items()]
+        st.write_probes(tid, [ProbeRecord(step=step, progress=step / 100, tokens=step,
+                                          train_loss=1.0, val_loss=0.75, lr=1e-3,
+                                          tokens_per_s=1.0, metrics=rows)])
+        if finish:
+            st.set_trial_status(tid, "terminated")
+
+
+def test_slow_work_never_holds_a_page(db, tmp_path: Path) -> None:
+    path = tmp_path / "copy.db"
+    path.write_bytes(db[1].read_bytes())
+    url = "sqlite:///" + str(path)
+    with TestClient(create_app(url, n_boot=2000, wait_s=0)) as c:
+        first = c.get("/sweeps/live?unfinished=1&refresh=0").text
+        # nothing waited for: the trial table is there, verdicts and chart are on their way
+        assert len(rows_of(first, "trials")) == 3
+        assert "id='claims-note'" in first and "being computed" in first
+        assert "id='claims'" not in first and "chart-note" in first
+
+        def page_when(cond) -> str:
+            deadline = time.time() + 120
+            while time.time() < deadline:
+                t = c.get("/sweeps/live?unfinished=1&refresh=0").text
+                if cond(t):
+                    return t
+                time.sleep(0.2)
+            raise AssertionError("the background work never finished")
+
+        ready = page_when(lambda t: "id='claims'" in t and "<figure id='chart'>" in t)
+        assert "claims-stale" not in ready and "p = 0.2500" in ready
+        _write_step(url, 30)
+        # the next page shows the earlier verdicts, marked, until the new ones are ready
+        stale = c.get("/sweeps/live?unfinished=1&refresh=0").text
+        assert "20/100" not in rows_of(stale, "trials")[0]  # the table is always current
+        if "claims-stale" in stale:
+            assert "p = 0.2500" in stale
+            assert all("(updating)" in r for r in rows_of(stale, "claims"))
+        page_when(lambda t: "id='claims'" in t and "claims-stale" not in t
+                  and "Redrawing" not in t)
+        # downloads wait for the current result
+        assert c.get("/sweeps/live/claims.json?unfinished=1").json()["provisional"] is True
 
 
 def test_database_untouched(db, client) -> None:
@@ -208,7 +250,7 @@ def test_database_untouched(db, client) -> None:
 
 
 def test_token_rule(db) -> None:
-    with TestClient(create_app(db[0], token="s3cret", n_boot=2000)) as c:
+    with TestClient(create_app(db[0], token="s3cret", n_boot=2000, wait_s=120)) as c:
         for p in ("/", "/sweeps/smoke", "/sweeps/smoke/trials.csv", "/nope"):
             r = c.get(p)
             assert r.status_code == 401 and "needs its token" in r.text, p
