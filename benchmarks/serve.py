@@ -14,8 +14,8 @@ Part 2 (ingest): a fresh SQLite database; this process writes probes of depth-4,
 4-head trials one probe per transaction (the live path of a trial: ~370 values each)
 for ``--seconds`` per phase, while ``qkgeom serve`` runs in a child process. Phases
 alternate: no readers, then ``--readers`` threads each GETting the sweep's page once a
-second (each page sees new data, so verdicts and charts are recomputed in the server's
-background threads), and again. Prints values/s per phase and the ratio with / without.
+second (each page sees new data; the server recomputes verdicts and charts in background
+threads, at most every ``--update-every`` seconds, 30 by default), and again. Prints values/s per phase and the ratio with / without.
 """
 
 from __future__ import annotations
@@ -44,10 +44,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(url: str) -> tuple[subprocess.Popen, str]:
+def start_server(url: str, *extra: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-c", "from qkgeom.cli import main; main()",
-                             "serve", "--db", url, "--port", str(port)], cwd=ROOT,
+                             "serve", "--db", url, "--port", str(port), *extra], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(300):
         try:
@@ -89,7 +89,7 @@ def first_load(db: str) -> None:
     print(f"| reload, nothing new | {t_again:.2f} |")
 
 
-def ingest(seconds: float, readers: int) -> None:
+def ingest(seconds: float, readers: int, update_every: float) -> None:
     from stats_fixtures import _records
 
     from qkgeom.store import open_store
@@ -98,7 +98,7 @@ def ingest(seconds: float, readers: int) -> None:
     url = f"sqlite:///{d}/ingest.db"
     store = open_store(url)
     sid = store.ensure_sweep("ingest", {"bench": True}, "bench")
-    proc, base = start_server(url)
+    proc, base = start_server(url, "--update-every", str(update_every))
     recs = _records(depth=4, seed=0, arm="none", steps=list(range(0, 100_001, 10)),
                     max_steps=100_000, pr_gap=1.0, q_slope=0.1, entropy_effect={},
                     key_effect={}, jitter=0.0, noise=0.05, n_heads=4, head_spread=0.1,
@@ -128,6 +128,12 @@ def ingest(seconds: float, readers: int) -> None:
         n, i = 0, 0
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < seconds:
+            if i == len(recs):  # this trial is complete: the next one
+                counter["trial"] += 1
+                tid = store.ensure_trial(sid, f"t{counter['trial']}", {"max_steps": 100_000},
+                                         depth=4, init="gaussian", arm="none",
+                                         seed=counter["trial"], status="running")
+                i = 0
             n += store.write_probes(tid, [recs[i]])
             i += 1
         dt = time.perf_counter() - t0
@@ -156,7 +162,8 @@ def ingest(seconds: float, readers: int) -> None:
     print(f"| no readers | {', '.join(f'{r:,.0f}' for r in rates[0])} | {base_rate:,.0f} |")
     print(f"| {readers} readers, 1 page/s each | "
           f"{', '.join(f'{r:,.0f}' for r in rates[readers])} | {with_rate:,.0f} |")
-    print(f"\nratio with / without readers: {with_rate / base_rate:.2f}")
+    print(f"\nratio with / without readers: {with_rate / base_rate:.2f} "
+          f"(server --update-every {update_every:g})")
 
 
 def main() -> None:
@@ -165,6 +172,8 @@ def main() -> None:
                     "benchmark's, built if missing)")
     ap.add_argument("--seconds", type=float, default=20.0, help="part 2: seconds per phase")
     ap.add_argument("--readers", type=int, default=5)
+    ap.add_argument("--update-every", type=float, default=30.0,
+                    help="part 2: the server's --update-every")
     ap.add_argument("--skip-load", action="store_true")
     ap.add_argument("--skip-ingest", action="store_true")
     a = ap.parse_args()
@@ -179,7 +188,7 @@ def main() -> None:
             S.build(db)
         first_load(db)
     if not a.skip_ingest:
-        ingest(a.seconds, a.readers)
+        ingest(a.seconds, a.readers, a.update_every)
 
 
 if __name__ == "__main__":

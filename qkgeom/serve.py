@@ -35,6 +35,7 @@ import json
 import math
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -157,14 +158,17 @@ class _Jobs:
     there is one; otherwise a computation starts (one per key at a time) and the request
     waits up to ``wait_s`` for it, then gets the newest older result (``fresh`` False) or
     None. So a slow verdict never holds a page for long, and a page shows the last
-    verdicts while new ones are computed."""
+    verdicts while new ones are computed. A key is recomputed at most once per
+    ``min_interval_s`` (counted from the end of its last computation), so readers of a
+    sweep that writes all the time do not keep the CPUs busy."""
 
-    def __init__(self, wait_s: float) -> None:
+    def __init__(self, wait_s: float, min_interval_s: float = 0.0) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         self.wait_s = wait_s
+        self.min_interval_s = min_interval_s
         self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="qkgeom-serve")
-        self.latest: dict[Any, tuple[Any, Any]] = {}
+        self.latest: dict[Any, tuple[Any, Any, float]] = {}  # version, value, done at
         self.running: dict[Any, tuple[Any, Any]] = {}
         self.lock = threading.Lock()
 
@@ -174,7 +178,7 @@ class _Jobs:
         except Exception as e:  # shown on the page as one line, never a traceback
             value = _Failed(f"{type(e).__name__}: {e}".splitlines()[0])
         with self.lock:
-            self.latest[key] = (version, value)
+            self.latest[key] = (version, value, time.monotonic())
             self.running.pop(key, None)
 
     def get(self, key: Any, version: Any, make: Callable[[], Any], *,
@@ -185,6 +189,9 @@ class _Jobs:
             if have is not None and have[0] == version:
                 return have[1], True
             run = self.running.get(key)
+            if run is None and have is not None and \
+                    time.monotonic() - have[2] < self.min_interval_s:
+                return have[1], False  # computed recently enough: keep it for now
             if run is None:
                 fut = self.pool.submit(self._run, key, version, make)
                 self.running[key] = (version, fut)
@@ -217,12 +224,13 @@ class Server:
     """The state behind the routes: one read-only store shared by every request."""
 
     def __init__(self, store: Any, *, refresh: int = DEFAULT_REFRESH_S, seed: int = 0,
-                 n_boot: int = 10_000, wait_s: float = 1.0) -> None:
+                 n_boot: int = 10_000, wait_s: float = 1.0,
+                 update_every_s: float = 30.0) -> None:
         self.store = store
         self.refresh = refresh
         self.seed = seed
         self.n_boot = n_boot
-        self.jobs = _Jobs(wait_s)
+        self.jobs = _Jobs(wait_s, update_every_s)
 
     # ------------------------------------------------------------------ helpers
     def study(self, name: str) -> Study:
@@ -285,7 +293,8 @@ class Server:
         return self.jobs.get((st.name, "claims", unfinished), version, lambda: st.claims(
             seed=self.seed, n_boot=self.n_boot, finished_only=not unfinished), wait_s=wait_s)
 
-    def trends(self, st: Study, version: Any) -> tuple[Any, bool]:
+    def trends(self, st: Study, version: Any, *, wait_s: float | None = None
+               ) -> tuple[Any, bool]:
         def make() -> list[dict[str, Any]]:
             rows = []
             for r in st.pretrained().iter_rows(named=True):
@@ -299,7 +308,7 @@ class Server:
                 rows.append(row)
             return rows
 
-        return self.jobs.get(("pretrained", "trends"), version[-1], make)
+        return self.jobs.get(("pretrained", "trends"), version[-1], make, wait_s=wait_s)
 
     # ------------------------------------------------------------------ routes
     def index(self, req: Request) -> Response:
@@ -330,6 +339,16 @@ class Server:
         if sort not in trials.columns:
             raise BadRequest(f"sort={sort!r}: sort by one of {', '.join(trials.columns)}")
         version = st.version()
+        # start the slow parts now, in parallel; the page waits for them at most wait_s in
+        # all (a budget shared by the chart, the verdicts and the pretrained trends)
+        self.chart_svg(st, version, metric, view, wait_s=0)
+        self.claims(st, version, unfinished, wait_s=0)
+        self.trends(st, version, wait_s=0)
+        deadline = time.monotonic() + self.jobs.wait_s
+
+        def left() -> float:
+            return max(0.0, deadline - time.monotonic())
+
         prog = st.progress()
         provisional = not prog["finished"]
         q = dict(req.query_params)
@@ -359,7 +378,7 @@ class Server:
                         for v in VIEWS)
         keep = "".join(f"<input type='hidden' name='{_e(k)}' value='{_e(v)}'>"
                        for k, v in q.items() if k not in ("metric", "view"))
-        got, fresh = self.chart_svg(st, version, metric, view)
+        got, fresh = self.chart_svg(st, version, metric, view, wait_s=left())
         svg, note = got if isinstance(got, tuple) else ("", _pending(got))
         data_q = urlencode({"metric": metric, "view": view})
         out += ["<h2>Trajectories</h2>",
@@ -368,8 +387,9 @@ class Server:
                 "</label> <button type='submit'>show</button></form>",
                 (f"<figure id='chart'>{svg}</figure>" if svg else
                  f"<p class='note' id='chart-note'>No chart yet: {_e(note)}</p>")
-                + ("" if fresh else "<p class='note updating'>Redrawing for the newest data"
-                   "...</p>"),
+                + ("" if fresh else "<p class='note updating' id='chart-stale'>Drawn from an "
+                   "earlier state of the database; redrawn at most every "
+                   f"{self.jobs.min_interval_s:g} s.</p>"),
                 f"<p class='note'>Baseline arm, every trial (finished or not). Download: "
                 f"<a href='/sweeps/{name}/trajectories.csv?{_e(data_q)}'>data (CSV)</a>, "
                 f"<a href='/sweeps/{name}/chart.svg?{_e(data_q)}'>chart (SVG)</a></p>"]
@@ -380,10 +400,10 @@ class Server:
                     "= the arm-none trial of the same depth, init and seed.</p>",
                     html_table(arms.to_dicts(), table_id="arms")]
         # claims
-        claims, fresh = self.claims(st, version, unfinished)
+        claims, fresh = self.claims(st, version, unfinished, wait_s=left())
         mark = " <span class='provisional'>(provisional)</span>" if provisional else ""
         if not fresh:  # computed on an earlier state of the data
-            mark += " <span class='provisional'>(updating)</span>"
+            mark += " <span class='provisional'>(earlier data)</span>"
         which = ("all trials, finished or not" if unfinished else "finished trials only")
         out += ["<h2>Claims and verdicts</h2>",
                 f"<p class='note'>Computed on {which} (the code of <code>qkgeom report"
@@ -400,11 +420,12 @@ class Server:
                        "</table>")
             if not fresh:
                 out.append("<p class='note updating' id='claims-stale'>These verdicts are "
-                           "from an earlier state of the database; new ones are being "
-                           "computed.</p>")
+                           "from an earlier state of the database; they are recomputed at "
+                           f"most every {self.jobs.min_interval_s:g} s (--update-every)."
+                           "</p>")
         else:
             out.append(f"<p class='note' id='claims-note'>{_e(_pending(claims))}</p>")
-        pre, _ = self.trends(st, version)
+        pre, _ = self.trends(st, version, wait_s=left())
         if isinstance(pre, list) and pre:
             out += ["<h2>Pretrained models</h2><p class='note'>Trend of PR_Q - PR_K over each "
                     "model's checkpoints (Spearman vs step, peak).</p>",
@@ -554,17 +575,20 @@ class TokenMiddleware:
 
 def create_app(db: str | None = None, *, token: str | None = None,
                refresh: int = DEFAULT_REFRESH_S, n_boot: int = 10_000,
-               seed: int = 0, wait_s: float = 1.0) -> Starlette:
+               seed: int = 0, wait_s: float = 1.0, update_every_s: float = 30.0
+               ) -> Starlette:
     """The web app over database ``db``, opened read-only now (a bad URL or a database
     without qkgeom's schema fails here, with the usual one-line message). A page waits
     up to ``wait_s`` for verdicts and charts computed in the background, then shows the
-    previous ones (or a note) and picks up the new ones on a later reload."""
+    previous ones (or a note) and picks up the new ones on a later reload; each is
+    recomputed at most every ``update_every_s`` seconds."""
     from contextlib import asynccontextmanager
 
     from qkgeom.store import open_store
 
     store = open_store(db, create=False, readonly=True)
-    srv = Server(store, refresh=refresh, seed=seed, n_boot=n_boot, wait_s=wait_s)
+    srv = Server(store, refresh=refresh, seed=seed, n_boot=n_boot, wait_s=wait_s,
+                 update_every_s=update_every_s)
 
     def wrap(fn: Callable[[Request], Response]) -> Callable[[Request], Response]:
         def endpoint(req: Request) -> Response:  # sync: Starlette runs it in a thread

@@ -55,7 +55,7 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
 def client(db):
     # pages wait for their verdicts and charts here (test_slow_work_never_holds_a_page
     # checks the server's default: a page that does not wait)
-    with TestClient(create_app(db[0], n_boot=10_000, wait_s=120)) as c:
+    with TestClient(create_app(db[0], n_boot=10_000, wait_s=120, update_every_s=0)) as c:
         yield c
 
 
@@ -182,7 +182,7 @@ def test_page_follows_the_writes(db, tmp_path: Path) -> None:
     path = tmp_path / "copy.db"
     path.write_bytes(db[1].read_bytes())
     url = "sqlite:///" + str(path)
-    with TestClient(create_app(url, n_boot=2000, wait_s=120)) as c:
+    with TestClient(create_app(url, n_boot=2000, wait_s=120, update_every_s=0)) as c:
         before = c.get("/sweeps/live?refresh=0").text
         assert "30/100" not in before
         _write_step(url, 30, finish=True)
@@ -211,7 +211,7 @@ def test_slow_work_never_holds_a_page(db, tmp_path: Path) -> None:
     path = tmp_path / "copy.db"
     path.write_bytes(db[1].read_bytes())
     url = "sqlite:///" + str(path)
-    with TestClient(create_app(url, n_boot=2000, wait_s=0)) as c:
+    with TestClient(create_app(url, n_boot=2000, wait_s=0, update_every_s=0)) as c:
         first = c.get("/sweeps/live?unfinished=1&refresh=0").text
         # nothing waited for: the trial table is there, verdicts and chart are on their way
         assert len(rows_of(first, "trials")) == 3
@@ -235,11 +235,27 @@ def test_slow_work_never_holds_a_page(db, tmp_path: Path) -> None:
         assert "20/100" not in rows_of(stale, "trials")[0]  # the table is always current
         if "claims-stale" in stale:
             assert "p = 0.2500" in stale
-            assert all("(updating)" in r for r in rows_of(stale, "claims"))
+            assert all("(earlier data)" in r for r in rows_of(stale, "claims"))
         page_when(lambda t: "id='claims'" in t and "claims-stale" not in t
-                  and "Redrawing" not in t)
+                  and "chart-stale" not in t)
         # downloads wait for the current result
         assert c.get("/sweeps/live/claims.json?unfinished=1").json()["provisional"] is True
+
+
+def test_verdicts_recomputed_at_most_every_update_every(db, tmp_path: Path) -> None:
+    path = tmp_path / "copy.db"
+    path.write_bytes(db[1].read_bytes())
+    url = "sqlite:///" + str(path)
+    with TestClient(create_app(url, n_boot=2000, wait_s=120, update_every_s=3600)) as c:
+        first = c.get("/sweeps/live?unfinished=1&refresh=0").text
+        assert "p = 0.2500" in first and "claims-stale" not in first
+        _write_step(url, 30, finish=True)
+        for _ in range(3):  # the data changed, but an hour has not passed
+            t = c.get("/sweeps/live?unfinished=1&refresh=0").text
+            assert "30/100" in rows_of(t, "trials")[0]  # the table is always current
+            assert "claims-stale" in t and "at most every 3600 s" in t
+            assert all("(earlier data)" in r for r in rows_of(t, "claims"))
+            time.sleep(0.5)
 
 
 def test_database_untouched(db, client) -> None:
@@ -250,7 +266,7 @@ def test_database_untouched(db, client) -> None:
 
 
 def test_token_rule(db) -> None:
-    with TestClient(create_app(db[0], token="s3cret", n_boot=2000, wait_s=120)) as c:
+    with TestClient(create_app(db[0], token="s3cret", n_boot=2000, wait_s=120, update_every_s=0)) as c:
         for p in ("/", "/sweeps/smoke", "/sweeps/smoke/trials.csv", "/nope"):
             r = c.get(p)
             assert r.status_code == 401 and "needs its token" in r.text, p

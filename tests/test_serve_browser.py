@@ -84,7 +84,7 @@ def test_page_watches_a_sweep(browser, tmp_path: Path) -> None:
     from qkgeom.store import open_store
 
     open_store(url).close()  # an empty database with the schema: the sweep has not started
-    proc, base = serve_process(url, "--refresh", "1")
+    proc, base = serve_process(url, "--refresh", "1", "--update-every", "0")
     try:
         browser.get(base + "/")
         wait_for(browser, "return document.body.innerText",
@@ -109,7 +109,7 @@ def test_page_watches_a_sweep(browser, tmp_path: Path) -> None:
         wait_for(browser, STATUSES, lambda s: len(s) == 40 and set(s) == {"terminated"},
                  "every trial terminated")
         v = wait_for(browser, VERDICTS, lambda v: len(v) == 8 and not any(
-            "provisional" in x or "updating" in x for x in v), "final verdicts")
+            "provisional" in x or "earlier data" in x for x in v), "final verdicts")
         assert v[0] == "holds"  # 2-gap: PR_Q > PR_K planted in all 15 trajectories
         assert "does not hold" not in v
         n = wait_for(browser, LINES, lambda n: n > 0, "chart line marks")
@@ -145,7 +145,7 @@ def test_page_watches_a_real_smoke_sweep(browser, scratch, wikitext_dir,  # noqa
 
     url = f"sqlite:///{scratch}/smoke.db"
     open_store(url).close()
-    server, base = serve_process(url, "--refresh", "1")
+    server, base = serve_process(url, "--refresh", "1", "--update-every", "0")
     log = open(scratch / "sweep.log", "w")
     sweep = None
     try:
@@ -170,7 +170,7 @@ def test_page_watches_a_real_smoke_sweep(browser, scratch, wikitext_dir,  # noqa
         assert unfinished, "the page never showed a trial before it finished"
         assert any({"pending", "running"} & set(s) for s in unfinished)
         v = wait_for(browser, VERDICTS, lambda v: len(v) >= 8 and not any(
-            "provisional" in x or "updating" in x for x in v), "final verdicts")
+            "provisional" in x or "earlier data" in x for x in v), "final verdicts")
         assert set(v) <= {"holds", "does not hold", "not enough data"}, v
         n = wait_for(browser, LINES, lambda n: n > 0, "chart line marks")
         assert n == 12  # PR_Q and PR_K per (depth, init, layer): 2 x (1 + 2) x 2 inits

@@ -20,7 +20,12 @@ from qkgeom.cli.common import user_errors
                    "SECRET); also read from $QKGEOM_SERVE_TOKEN")
 @click.option("--refresh", type=click.IntRange(min=0), default=5, show_default=True,
               help="seconds between page reloads (0: off)")
-def serve_cmd(db: str | None, host: str, port: int, token: str | None, refresh: int) -> None:
+@click.option("--update-every", type=click.FloatRange(min=0), default=30.0,
+              show_default=True,
+              help="recompute verdicts and charts at most this often (seconds), so readers "
+                   "of a running sweep do not compete with it for the CPUs")
+def serve_cmd(db: str | None, host: str, port: int, token: str | None, refresh: int,
+              update_every: float) -> None:
     """Serve a live page over the database, read-only: sweeps, trials, trajectories,
     verdicts (provisional while trials run), downloads. Ctrl-C stops it."""
     with user_errors():
@@ -32,7 +37,7 @@ def serve_cmd(db: str | None, host: str, port: int, token: str | None, refresh: 
             raise QkgeomError(f"qkgeom serve needs starlette and uvicorn ({e}); install "
                               "them with: pip install 'qkgeom[serve]'") from None
         check_bind(host, token)
-        app = create_app(db, token=token, refresh=refresh)
+        app = create_app(db, token=token, refresh=refresh, update_every_s=update_every)
     import uvicorn
 
     shown = f"[{host}]" if ":" in host else host
