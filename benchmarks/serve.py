@@ -13,9 +13,11 @@ computed), the time until the page carries its verdicts, and a reload with nothi
 Part 2 (ingest): a fresh SQLite database; this process writes probes of depth-4,
 4-head trials one probe per transaction (the live path of a trial: ~370 values each)
 for ``--seconds`` per phase, while ``qkgeom serve`` runs in a child process. Phases
-alternate: no readers, then ``--readers`` threads each GETting the sweep's page once a
+run in the order A B B A (a drift over the run, e.g. the database growing, cancels out):
+A without readers, B with ``--readers`` threads each GETting the sweep's page once a
 second (each page sees new data; the server recomputes verdicts and charts in background
-threads, at most every ``--update-every`` seconds, 30 by default), and again. Prints values/s per phase and the ratio with / without.
+threads, at most every ``--update-every`` seconds, 30 by default). Prints values/s per
+phase and the ratio with / without.
 """
 
 from __future__ import annotations
@@ -149,9 +151,8 @@ def ingest(seconds: float, readers: int, update_every: float) -> None:
 
     try:
         rates: dict[int, list[float]] = {0: [], readers: []}
-        for _ in range(2):
-            for k in (0, readers):
-                rates[k].append(phase(k))
+        for k in (0, readers, readers, 0):  # ABBA: a drift over time cancels out
+            rates[k].append(phase(k))
     finally:
         proc.terminate()
         proc.wait()
