@@ -13,8 +13,8 @@ from qkgeom.cli.common import user_errors
               help="database URL or SQLite file (default: $QKGEOM_DB, else sqlite:///qkgeom.db)")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="address to listen on; anything but loopback needs --token")
-@click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True,
-              help="TCP port (0 picks a free one)")
+@click.option("--port", type=click.IntRange(1, 65535), default=8765, show_default=True,
+              help="TCP port")
 @click.option("--token", default=None, envvar="QKGEOM_SERVE_TOKEN", metavar="SECRET",
               help="required on every request (?token=SECRET or Authorization: Bearer "
                    "SECRET); also read from $QKGEOM_SERVE_TOKEN")
