@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 import polars as pl
 from starlette.applications import Starlette
@@ -316,7 +316,7 @@ class Server:
         rows = []
         for name in A.sweep_names(self.store):
             p = Study(self.store, name).progress()
-            rows.append(f"<tr><td><a href='/sweeps/{_e(name)}'>{_e(name)}</a></td>"
+            rows.append(f"<tr><td><a href='/sweeps/{_e(quote(name, safe=''))}'>{_e(name)}</a></td>"
                         f"<td class='num'>{p['n_trials']}</td>"
                         f"<td>{_e(_counts(p['status']))}</td>"
                         f"<td><progress value='{p['fraction']:.4f}' max='1'></progress> "
@@ -357,12 +357,12 @@ class Server:
         def link(**kw: Any) -> str:
             return "?" + urlencode({**q, **{k: v for k, v in kw.items()}})
 
-        name = _e(st.name)
+        name = _e(quote(st.name, safe=""))
         out = [f"<nav><a href='/'>all sweeps</a><a href='/sweeps/{name}/report.html'>report"
                f"</a><a href='/sweeps/{name}/trials.csv'>trials.csv</a>"
                f"<a href='/sweeps/{name}/trials.parquet'>trials.parquet</a>"
                f"<a href='/sweeps/{name}/claims.json'>claims.json</a></nav>",
-               f"<h1>sweep {name}</h1>",
+               f"<h1>sweep {_e(st.name)}</h1>",
                f"<p id='progress'><progress value='{prog['fraction']:.4f}' max='1'></progress> "
                f"{prog['fraction']:.1%} of training done; {prog['n_trials']} trials: "
                f"{_e(_counts(prog['status']))}"
