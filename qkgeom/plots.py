@@ -93,6 +93,38 @@ def trajectories(df: Any) -> alt.FacetChart:
     ).properties(title="PR_Q (solid) and PR_K (dashed) per layer, mean over seeds")
 
 
+def metric_trajectories(df: Any, metric: str, *, per_trial: bool = False) -> alt.FacetChart:
+    """One stored metric over training progress, one colour per layer; rows are depths,
+    columns initialisations (any metric, e.g. for a live view of a running sweep).
+
+    ``df`` columns: depth, init, layer, progress, value, and ``seed`` (one line per seed,
+    ``per_trial``) or not (the mean over seeds). Only the baseline arm should be passed
+    when the sweep has intervention arms (the caller filters).
+    """
+    d = _frame(df, {"depth", "init", "layer", "progress", "value"}, f"{metric} trajectories")
+    keys = ["depth", "init", "layer"] + (["seed"] if per_trial and "seed" in d.columns else [])
+    d = (_bin_progress(d).group_by([*keys, "progress"]).agg(pl.col("value").mean())
+         .sort([*keys, "progress"]))
+    title = METRIC_TITLES.get(metric, metric)
+    tooltip: list[Any] = ["depth:O", "init:N", "layer:O"] + (
+        ["seed:O"] if "seed" in keys else []) + [
+        alt.Tooltip("progress:Q", format=".3f"), alt.Tooltip("value:Q", format=".4f")]
+    base = alt.Chart(d).mark_line(strokeWidth=1.4, opacity=0.85 if "seed" in keys else 1.0
+                                  ).encode(
+        x=alt.X("progress:Q", title="training progress (step / max_steps)",
+                scale=alt.Scale(domain=[0, 1])),
+        y=alt.Y("value:Q", title=title, scale=alt.Scale(zero=False)),
+        color=alt.Color("layer:O", title="layer", scale=alt.Scale(scheme="viridis")),
+        detail="seed:O" if "seed" in keys else "layer:O",
+        tooltip=tooltip,
+    ).properties(width=220, height=160)
+    how = "one line per seed" if "seed" in keys else "mean over seeds"
+    return base.facet(
+        row=alt.Row("depth:O", title="depth (layers)"),
+        column=alt.Column("init:N", title="Q/K initialisation"),
+    ).properties(title=f"{title} per layer, {how}")
+
+
 def intervention(df: Any, *, metrics: tuple[str, ...] = ("entropy", "pr_wk", "pr_k")
                  ) -> alt.FacetChart:
     """Each arm over training, mean over seeds with a min-max band across seeds.

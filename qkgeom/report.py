@@ -549,17 +549,12 @@ def _verdict_class(v: str) -> str:
     return {HOLDS: "v-holds", FAILS: "v-does"}.get(v, "v-not")
 
 
-def build_report(store: Any, sweep: str, out_dir: str | Path, *, seed: int = 0,
-                 n_boot: int = 10_000, finished_only: bool = True) -> list[Path]:
-    """Compute every claim's verdict for ``sweep`` and write the report into ``out_dir``."""
-    from qkgeom import plots
-
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise QkgeomError(f"--out {out} is a file; give a directory for the report")
-    out.mkdir(parents=True, exist_ok=True)
+def compute_claims(store: Any, sweep: str, *, seed: int = 0, n_boot: int = 10_000,
+                   finished_only: bool = True
+                   ) -> tuple[list[Claim], list[Section], dict[str, Any]]:
+    """Every claim's verdict for ``sweep`` on the data stored now (what :func:`build_report`
+    writes, without the files): ``(claims, sections, shared frames)``."""
     fin = finished_only
-    tr = A.trials(store, sweep)
     sections: list[Section] = []
     claims: list[Claim] = []
     shared: dict[str, Any] = {}  # frames read once and reused by later claims and figures
@@ -572,6 +567,22 @@ def build_report(store: Any, sweep: str, out_dir: str | Path, *, seed: int = 0,
     claims.append(_correlation_claim(store, sweep, fin, seed, sections, shared))
     claims += _intervention_claims(store, sweep, fin, seed, n_boot, sections)
     claims.append(_pretrained_claim(store, sections))
+    return claims, sections, shared
+
+
+def build_report(store: Any, sweep: str, out_dir: str | Path, *, seed: int = 0,
+                 n_boot: int = 10_000, finished_only: bool = True) -> list[Path]:
+    """Compute every claim's verdict for ``sweep`` and write the report into ``out_dir``."""
+    from qkgeom import plots
+
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise QkgeomError(f"--out {out} is a file; give a directory for the report")
+    out.mkdir(parents=True, exist_ok=True)
+    fin = finished_only
+    tr = A.trials(store, sweep)
+    claims, sections, shared = compute_claims(store, sweep, seed=seed, n_boot=n_boot,
+                                              finished_only=fin)
     charts = _figures(store, sweep, fin, seed, shared)
 
     design = tr.group_by(["arm", "status"]).len("trials").sort(["arm", "status"]).to_dicts()

@@ -20,6 +20,7 @@ def main() -> None:
 # Each module adds its commands to `main` (click lists them alphabetically).
 from qkgeom.cli import db as _db  # noqa: E402,F401
 from qkgeom.cli import pretrained as _pretrained  # noqa: E402,F401
+from qkgeom.cli import serve as _serve  # noqa: E402,F401
 from qkgeom.cli import stats as _stats  # noqa: E402,F401
 from qkgeom.cli import sweep as _sweep  # noqa: E402,F401
 from qkgeom.cli import train as _train  # noqa: E402,F401

@@ -1,0 +1,46 @@
+"""``qkgeom serve``: a live web page over the results database (see docs/serve.md)."""
+
+from __future__ import annotations
+
+import click
+
+from qkgeom.cli import main
+from qkgeom.cli.common import user_errors
+
+
+@main.command("serve")
+@click.option("--db", "db", default=None, metavar="URL",
+              help="database URL or SQLite file (default: $QKGEOM_DB, else sqlite:///qkgeom.db)")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="address to listen on; anything but loopback needs --token")
+@click.option("--port", type=click.IntRange(1, 65535), default=8765, show_default=True,
+              help="TCP port")
+@click.option("--token", default=None, envvar="QKGEOM_SERVE_TOKEN", metavar="SECRET",
+              help="required on every request (?token=SECRET or Authorization: Bearer "
+                   "SECRET); also read from $QKGEOM_SERVE_TOKEN")
+@click.option("--refresh", type=click.IntRange(min=0), default=5, show_default=True,
+              help="seconds between page reloads (0: off)")
+@click.option("--update-every", type=click.FloatRange(min=0), default=30.0,
+              show_default=True,
+              help="recompute verdicts and charts at most this often (seconds), so readers "
+                   "of a running sweep do not compete with it for the CPUs")
+def serve_cmd(db: str | None, host: str, port: int, token: str | None, refresh: int,
+              update_every: float) -> None:
+    """Serve a live page over the database, read-only: sweeps, trials, trajectories,
+    verdicts (provisional while trials run), downloads. Ctrl-C stops it."""
+    with user_errors():
+        try:
+            from qkgeom.serve import check_bind, create_app
+        except ImportError as e:
+            from qkgeom.errors import QkgeomError
+
+            raise QkgeomError(f"qkgeom serve needs starlette and uvicorn ({e}); install "
+                              "them with: pip install 'qkgeom[serve]'") from None
+        check_bind(host, token)
+        app = create_app(db, token=token, refresh=refresh, update_every_s=update_every)
+    import uvicorn
+
+    shown = f"[{host}]" if ":" in host else host
+    click.echo(f"qkgeom serve: http://{shown}:{port}/" + ("?token=..." if token else "")
+               + " (read-only; Ctrl-C stops)", err=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning")

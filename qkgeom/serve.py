@@ -1,0 +1,636 @@
+"""``qkgeom serve``: a live web page over a results database (read-only).
+
+A Starlette app (:func:`create_app`) served by uvicorn. Pages are plain HTML built on the
+server from :class:`qkgeom.study.Study`; charts are the project's altair charts rendered
+to inline SVG by vl-convert, so the page needs no network and no script from anywhere.
+Pages reload themselves every few seconds (``<meta http-equiv="refresh">``, ``refresh=0``
+turns it off). Verdicts and charts are computed in background threads and kept per
+fingerprint of the sweep's data (:meth:`Study.version`): a refresh with nothing new
+costs a few small queries, and a page never waits more than ``wait_s`` for a slow
+verdict (it shows the previous verdicts, marked, until the new ones are ready).
+
+Routes (``NAME`` a sweep):
+
+* ``/``: the sweeps, their trials and progress;
+* ``/sweeps/NAME``: progress, trial table (``sort=COLUMN``, ``desc=1``), trajectories of
+  ``metric`` (default PR_Q and PR_K; ``view=mean|trial``), the arms beside their
+  baselines, the claims with their verdicts (``unfinished=1`` counts unfinished trials),
+  pretrained models;
+* ``/sweeps/NAME/trials.csv``, ``trials.parquet``, ``trajectories.csv``, ``chart.svg``,
+  ``claims.json``, ``report.html``: what the page shows, to download.
+
+Without a token the server binds to loopback only (:func:`check_bind`); with one, every
+request must carry it: ``?token=T`` (then a cookie keeps it for the session), the header
+``Authorization: Bearer T`` or ``X-Qkgeom-Token: T``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import html
+import io
+import ipaddress
+import json
+import math
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import polars as pl
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from qkgeom import analysis as A
+from qkgeom.errors import QkgeomError
+from qkgeom.study import FINISHED, Study
+
+DEFAULT_PORT = 8765
+DEFAULT_REFRESH_S = 5
+PRQK = "pr_q,pr_k"  # the default chart: the project's PR_Q / PR_K trajectories
+VIEWS = ("mean", "trial")
+COOKIE = "qkgeom_token"
+TRIAL_HEADERS = [("trial_key", "trial"), ("depth", "depth"), ("init", "init"), ("arm", "arm"),
+                 ("seed", "seed"), ("status", "status"), ("attempts", "tries"),
+                 ("step", "step / max"), ("val_loss", "val loss"), ("test_loss", "test loss"),
+                 ("host", "host"), ("device", "device"), ("error", "error")]
+
+
+class ServeError(QkgeomError):
+    """The server cannot start as asked (e.g. a public bind without a token)."""
+
+
+class NotFound(QkgeomError):
+    """An unknown sweep, metric or page: answered with 404 and the message."""
+
+
+class BadRequest(QkgeomError):
+    """A bad query parameter: answered with 400 and the message."""
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, token: str | None) -> None:
+    """Refuse to listen beyond this machine without a token."""
+    if not is_loopback(host) and not token:
+        raise ServeError(f"refusing to serve on {host} without a token: anyone who can reach "
+                         "it could read the database; pass --token SECRET (then required on "
+                         "every request) or bind to 127.0.0.1")
+
+
+# --------------------------------------------------------------------------- html
+
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:1em 2em;
+color:#222;line-height:1.4}
+table{border-collapse:collapse;margin:.5em 0 1.2em;font-size:.88em}
+th,td{border:1px solid #ccc;padding:.2em .5em;vertical-align:top}
+th{background:#f3f3f3;text-align:left} th a{color:inherit;text-decoration:none}
+td.num{text-align:right;font-variant-numeric:tabular-nums}
+.s-terminated{color:#1a7f1a}.s-running{color:#1f5fbf;font-weight:600}
+.s-error,.s-interrupted{color:#b00020;font-weight:600}.s-pending{color:#777}
+.v-holds{background:#e3f4e3;font-weight:600}.v-does{background:#fbe3e3;font-weight:600}
+.v-not{background:#f6f0d8;font-weight:600}.provisional{color:#8a6d00;font-weight:400}
+.note{color:#555}.err{color:#b00020} progress{width:20em} figure svg{max-width:100%;height:auto}
+nav a{margin-right:1em}
+"""
+
+
+def _e(v: Any) -> str:
+    return html.escape(str(v), quote=True)
+
+
+def _cell(v: Any) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "<td>-</td>"
+    if isinstance(v, bool):
+        return f"<td>{'yes' if v else 'no'}</td>"
+    if isinstance(v, (int, float)):
+        return f"<td class='num'>{_e(A.fmt(v))}</td>"
+    return f"<td>{_e(v)}</td>"
+
+
+def html_table(rows: list[dict[str, Any]], *, table_id: str = "") -> str:
+    if not rows:
+        return "<p class='note'>(no rows)</p>"
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    tid = f" id='{_e(table_id)}'" if table_id else ""
+    head = "".join(f"<th>{_e(c)}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(_cell(r.get(c)) for c in cols) + "</tr>" for r in rows)
+    return f"<table{tid}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def page(title: str, body: str, *, refresh: int = 0) -> str:
+    meta = f"<meta http-equiv='refresh' content='{int(refresh)}'>" if refresh > 0 else ""
+    return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+            f"{meta}<title>{_e(title)}</title><style>{CSS}</style></head><body>"
+            f"{body}</body></html>")
+
+
+def _message(status: int, text: str) -> HTMLResponse:
+    word = {400: "bad request", 401: "token required", 404: "not found"}.get(status, "error")
+    return HTMLResponse(page(f"qkgeom: {word}", f"<h1>{status} {_e(word)}</h1>"
+                             f"<p class='err' id='message'>{_e(text)}</p>"
+                             "<p><a href='/'>all sweeps</a></p>"), status_code=status)
+
+
+# --------------------------------------------------------------------------- the app
+
+
+class _Jobs:
+    """Results computed in background threads, kept per key with the data version they
+    were computed on. A request asks for (key, version): the result for that version if
+    there is one; otherwise a computation starts (one per key at a time) and the request
+    waits up to ``wait_s`` for it, then gets the newest older result (``fresh`` False) or
+    None. So a slow verdict never holds a page for long, and a page shows the last
+    verdicts while new ones are computed. A key is recomputed at most once per
+    ``min_interval_s`` (counted from the end of its last computation), so readers of a
+    sweep that writes all the time do not keep the CPUs busy."""
+
+    def __init__(self, wait_s: float, min_interval_s: float = 0.0) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.wait_s = wait_s
+        self.min_interval_s = min_interval_s
+        self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="qkgeom-serve")
+        self.latest: dict[Any, tuple[Any, Any, float]] = {}  # version, value, done at
+        self.running: dict[Any, tuple[Any, Any]] = {}
+        self.lock = threading.Lock()
+
+    def _run(self, key: Any, version: Any, make: Callable[[], Any]) -> None:
+        try:
+            value = make()
+        except Exception as e:  # shown on the page as one line, never a traceback
+            value = _Failed(f"{type(e).__name__}: {e}".splitlines()[0])
+        with self.lock:
+            self.latest[key] = (version, value, time.monotonic())
+            self.running.pop(key, None)
+
+    def get(self, key: Any, version: Any, make: Callable[[], Any], *,
+            wait_s: float | None = None) -> tuple[Any, bool]:
+        """(value or None, fresh); ``wait_s`` None: this object's default, inf: block."""
+        with self.lock:
+            have = self.latest.get(key)
+            if have is not None and have[0] == version:
+                return have[1], True
+            run = self.running.get(key)
+            if run is None and have is not None and \
+                    time.monotonic() - have[2] < self.min_interval_s:
+                return have[1], False  # computed recently enough: keep it for now
+            if run is None:
+                fut = self.pool.submit(self._run, key, version, make)
+                self.running[key] = (version, fut)
+            else:
+                fut = run[1] if run[0] == version else None
+        wait = self.wait_s if wait_s is None else wait_s
+        if fut is not None and wait > 0:
+            from concurrent.futures import TimeoutError as FutureTimeout
+
+            try:
+                fut.result(timeout=None if math.isinf(wait) else wait)
+            except FutureTimeout:
+                pass
+        with self.lock:
+            have = self.latest.get(key)
+        if have is None:
+            return None, False
+        return have[1], have[0] == version
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+class _Failed:
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+class Server:
+    """The state behind the routes: one read-only store shared by every request."""
+
+    def __init__(self, store: Any, *, refresh: int = DEFAULT_REFRESH_S, seed: int = 0,
+                 n_boot: int = 10_000, wait_s: float = 1.0,
+                 update_every_s: float = 30.0) -> None:
+        self.store = store
+        self.refresh = refresh
+        self.seed = seed
+        self.n_boot = n_boot
+        self.jobs = _Jobs(wait_s, update_every_s)
+
+    # ------------------------------------------------------------------ helpers
+    def study(self, name: str) -> Study:
+        if self.store.sweep_id(name) is None:
+            have = ", ".join(A.sweep_names(self.store)) or "(none yet)"
+            raise NotFound(f"no sweep named {name!r} in this database; sweeps: {have}")
+        return Study(self.store, name)
+
+    @staticmethod
+    def _flag(req: Request, key: str) -> bool:
+        v = req.query_params.get(key, "0")
+        if v not in ("0", "1", "true", "false", ""):
+            raise BadRequest(f"{key}={v!r}: use {key}=1 or {key}=0")
+        return v in ("1", "true")
+
+    def _refresh(self, req: Request) -> int:
+        v = req.query_params.get("refresh")
+        if v is None:
+            return self.refresh
+        if not v.isdigit():
+            raise BadRequest(f"refresh={v!r}: give whole seconds (0 turns reloading off)")
+        return int(v)
+
+    def _metric(self, st: Study, req: Request) -> tuple[str, str]:
+        metric = req.query_params.get("metric") or PRQK
+        view = req.query_params.get("view") or "mean"
+        if view not in VIEWS:
+            raise BadRequest(f"view={view!r}: use view=mean (over seeds) or view=trial")
+        if metric != PRQK and metric not in st.metrics():
+            raise NotFound(f"unknown metric {metric!r}; valid metrics: "
+                           f"{', '.join(st.metrics())}")
+        return metric, view
+
+    def chart_svg(self, st: Study, version: Any, metric: str, view: str, *,
+                  wait_s: float | None = None) -> tuple[Any, bool]:
+        """((svg, note), fresh): the chart as inline SVG, or an empty string and why there
+        is none; (None, False) while the first one is being drawn."""
+        from qkgeom import plots
+
+        def make() -> tuple[str, str]:
+            try:
+                if metric == PRQK:
+                    if view == "trial":
+                        ch = st.chart("metric", metric="pr_q", per_trial=True,
+                                      finished_only=False)
+                    else:
+                        ch = st.chart("trajectories", finished_only=False)
+                else:
+                    ch = st.chart("metric", metric=metric, per_trial=view == "trial",
+                                  finished_only=False)
+            except QkgeomError as e:
+                return "", str(e)
+            svg = plots.to_svg(ch)
+            return svg[svg.find("<svg"):], ""
+
+        return self.jobs.get((st.name, "chart", metric, view), version, make, wait_s=wait_s)
+
+    def claims(self, st: Study, version: Any, unfinished: bool, *,
+               wait_s: float | None = None) -> tuple[Any, bool]:
+        return self.jobs.get((st.name, "claims", unfinished), version, lambda: st.claims(
+            seed=self.seed, n_boot=self.n_boot, finished_only=not unfinished), wait_s=wait_s)
+
+    def trends(self, st: Study, version: Any, *, wait_s: float | None = None
+               ) -> tuple[Any, bool]:
+        def make() -> list[dict[str, Any]]:
+            rows = []
+            for r in st.pretrained().iter_rows(named=True):
+                row = dict(r)
+                try:
+                    o = st.checkpoint_trend(r["model"]).overall
+                    row.update(rho=o.rho, peak_step=o.peak_step,
+                               rises_then_decays=o.rises_then_decays)
+                except QkgeomError as e:
+                    row["note"] = str(e)
+                rows.append(row)
+            return rows
+
+        return self.jobs.get(("pretrained", "trends"), version[-1], make, wait_s=wait_s)
+
+    # ------------------------------------------------------------------ routes
+    def index(self, req: Request) -> Response:
+        refresh = self._refresh(req)
+        rows = []
+        for name in A.sweep_names(self.store):
+            p = Study(self.store, name).progress()
+            rows.append(f"<tr><td><a href='/sweeps/{_e(quote(name, safe=''))}'>{_e(name)}</a></td>"
+                        f"<td class='num'>{p['n_trials']}</td>"
+                        f"<td>{_e(_counts(p['status']))}</td>"
+                        f"<td><progress value='{p['fraction']:.4f}' max='1'></progress> "
+                        f"{p['fraction']:.0%}</td></tr>")
+        table = ("<table id='sweeps'><thead><tr><th>sweep</th><th>trials</th><th>status</th>"
+                 "<th>progress</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
+                 if rows else "<p class='note'>No sweeps in this database yet.</p>")
+        body = (f"<h1>qkgeom: {_e(self.store.safe_url)}</h1>{table}"
+                f"<p class='note'>{_reload_note(refresh)}</p>")
+        return HTMLResponse(page("qkgeom sweeps", body, refresh=refresh))
+
+    def sweep_page(self, req: Request) -> Response:
+        st = self.study(req.path_params["name"])
+        refresh = self._refresh(req)
+        metric, view = self._metric(st, req)
+        unfinished = self._flag(req, "unfinished")
+        sort = req.query_params.get("sort") or "trial_id"
+        desc = self._flag(req, "desc")
+        trials = st.trials()
+        if sort not in trials.columns:
+            raise BadRequest(f"sort={sort!r}: sort by one of {', '.join(trials.columns)}")
+        version = st.version()
+        # start the slow parts now, in parallel; the page waits for them at most wait_s in
+        # all (a budget shared by the chart, the verdicts and the pretrained trends)
+        self.chart_svg(st, version, metric, view, wait_s=0)
+        self.claims(st, version, unfinished, wait_s=0)
+        self.trends(st, version, wait_s=0)
+        deadline = time.monotonic() + self.jobs.wait_s
+
+        def left() -> float:
+            return max(0.0, deadline - time.monotonic())
+
+        prog = st.progress()
+        provisional = not prog["finished"]
+        q = dict(req.query_params)
+        q.pop("token", None)
+
+        def link(**kw: Any) -> str:
+            return "?" + urlencode({**q, **{k: v for k, v in kw.items()}})
+
+        name = _e(quote(st.name, safe=""))
+        out = [f"<nav><a href='/'>all sweeps</a><a href='/sweeps/{name}/report.html'>report"
+               f"</a><a href='/sweeps/{name}/trials.csv'>trials.csv</a>"
+               f"<a href='/sweeps/{name}/trials.parquet'>trials.parquet</a>"
+               f"<a href='/sweeps/{name}/claims.json'>claims.json</a></nav>",
+               f"<h1>sweep {_e(st.name)}</h1>",
+               f"<p id='progress'><progress value='{prog['fraction']:.4f}' max='1'></progress> "
+               f"{prog['fraction']:.1%} of training done; {prog['n_trials']} trials: "
+               f"{_e(_counts(prog['status']))}"
+               + ("" if not provisional else " (study running or incomplete: verdicts are "
+                  "provisional)") + "</p>",
+               "<h2>Trials</h2>", self._trial_table(trials, sort, desc, link)]
+        # trajectories
+        opts = "".join(f"<option value='{_e(m)}'{' selected' if m == metric else ''}>"
+                       f"{_e('PR_Q and PR_K' if m == PRQK else m)}</option>"
+                       for m in [PRQK, *st.metrics()])
+        vopts = "".join(f"<option value='{v}'{' selected' if v == view else ''}>"
+                        f"{'mean over seeds' if v == 'mean' else 'per trial (seed)'}</option>"
+                        for v in VIEWS)
+        keep = "".join(f"<input type='hidden' name='{_e(k)}' value='{_e(v)}'>"
+                       for k, v in q.items() if k not in ("metric", "view"))
+        got, fresh = self.chart_svg(st, version, metric, view, wait_s=left())
+        svg, note = got if isinstance(got, tuple) else ("", _pending(got))
+        data_q = urlencode({"metric": metric, "view": view})
+        out += ["<h2>Trajectories</h2>",
+                f"<form method='get' id='chart-form'>{keep}<label>metric <select name='metric'>"
+                f"{opts}</select></label> <label>view <select name='view'>{vopts}</select>"
+                "</label> <button type='submit'>show</button></form>",
+                (f"<figure id='chart'>{svg}</figure>" if svg else
+                 f"<p class='note' id='chart-note'>No chart yet: {_e(note)}</p>")
+                + ("" if fresh else "<p class='note updating' id='chart-stale'>Drawn from an "
+                   "earlier state of the database; redrawn at most every "
+                   f"{self.jobs.min_interval_s:g} s.</p>"),
+                f"<p class='note'>Baseline arm, every trial (finished or not). Download: "
+                f"<a href='/sweeps/{name}/trajectories.csv?{_e(data_q)}'>data (CSV)</a>, "
+                f"<a href='/sweeps/{name}/chart.svg?{_e(data_q)}'>chart (SVG)</a></p>"]
+        arms = st.arms()
+        if arms.height:
+            out += ["<h2>Arms beside their baselines</h2><p class='note'>Latest probe, mean "
+                    "over layers; pr_wk = achieved W_K weight PR, pr_k = key PR_K; baseline_* "
+                    "= the arm-none trial of the same depth, init and seed.</p>",
+                    html_table(arms.to_dicts(), table_id="arms")]
+        # claims
+        claims, fresh = self.claims(st, version, unfinished, wait_s=left())
+        mark = " <span class='provisional'>(provisional)</span>" if provisional else ""
+        if not fresh:  # computed on an earlier state of the data
+            mark += " <span class='provisional'>(earlier data)</span>"
+        which = ("all trials, finished or not" if unfinished else "finished trials only")
+        out += ["<h2>Claims and verdicts</h2>",
+                f"<p class='note'>Computed on {which} (the code of <code>qkgeom report"
+                f"</code>). <a href='{_e(link(unfinished=0 if unfinished else 1))}'>"
+                f"{'finished trials only' if unfinished else 'include unfinished trials'}"
+                "</a></p>"]
+        if isinstance(claims, list):
+            rows = "".join(
+                f"<tr><td>{_e(c.key)}</td><td>{_e(c.paper)}</td><td>{_e(c.measured)}</td>"
+                f"<td class='{_verdict_class(c.verdict)}'>{_e(c.verdict)}{mark}</td></tr>"
+                for c in claims)
+            out.append("<table id='claims'><thead><tr><th>claim</th><th>paper</th>"
+                       f"<th>measured</th><th>verdict</th></tr></thead><tbody>{rows}</tbody>"
+                       "</table>")
+            if not fresh:
+                out.append("<p class='note updating' id='claims-stale'>These verdicts are "
+                           "from an earlier state of the database; they are recomputed at "
+                           f"most every {self.jobs.min_interval_s:g} s (--update-every)."
+                           "</p>")
+        else:
+            out.append(f"<p class='note' id='claims-note'>{_e(_pending(claims))}</p>")
+        pre, _ = self.trends(st, version, wait_s=left())
+        if isinstance(pre, list) and pre:
+            out += ["<h2>Pretrained models</h2><p class='note'>Trend of PR_Q - PR_K over each "
+                    "model's checkpoints (Spearman vs step, peak).</p>",
+                    html_table(pre, table_id="pretrained")]
+        out.append(f"<p class='note'>{_reload_note(refresh)}</p>")
+        return HTMLResponse(page(f"qkgeom: {st.name}", "".join(out), refresh=refresh))
+
+    def _trial_table(self, trials: pl.DataFrame, sort: str, desc: bool,
+                     link: Callable[..., str]) -> str:
+        t = trials.sort(sort, descending=desc, nulls_last=True)
+        head = []
+        for col, label in TRIAL_HEADERS:
+            arrow = (" ▼" if desc else " ▲") if col == sort else ""
+            nd = 0 if col == sort and desc else (1 if col == sort else 0)
+            head.append(f"<th><a href='{_e(link(sort=col, desc=nd))}'>{_e(label)}{arrow}</a>"
+                        "</th>")
+        body = []
+        for r in t.iter_rows(named=True):
+            step = "-" if r["step"] is None else f"{r['step']}/{r['max_steps'] or '?'}"
+            cells = [f"<td>{_e(r['trial_key'])}</td>", _cell(r["depth"]), _cell(r["init"]),
+                     _cell(r["arm"]), _cell(r["seed"]),
+                     f"<td class='s-{_e(r['status'])}'>{_e(r['status'])}</td>",
+                     _cell(r["attempts"]), f"<td class='num'>{_e(step)}</td>",
+                     _cell(r["val_loss"]), _cell(r["test_loss"]), _cell(r["host"]),
+                     _cell(r["device"]),
+                     _cell(r["error"] if r["status"] != FINISHED else "")]
+            body.append("<tr>" + "".join(cells) + "</tr>")
+        return ("<table id='trials'><thead><tr>" + "".join(head) + "</tr></thead><tbody>"
+                + "".join(body) + "</tbody></table>")
+
+    def trials_csv(self, req: Request) -> Response:
+        st = self.study(req.path_params["name"])
+        return _download(st.trials().write_csv(), "text/csv", f"{st.name}-trials.csv")
+
+    def trials_parquet(self, req: Request) -> Response:
+        st = self.study(req.path_params["name"])
+        buf = io.BytesIO()
+        st.trials().write_parquet(buf)
+        return _download(buf.getvalue(), "application/vnd.apache.parquet",
+                         f"{st.name}-trials.parquet")
+
+    def trajectories_csv(self, req: Request) -> Response:
+        st = self.study(req.path_params["name"])
+        metric, view = self._metric(st, req)
+        ms = ["pr_q", "pr_k"] if metric == PRQK else [metric]
+        frames = [st.trajectories(m, per_trial=view == "trial").with_columns(
+            pl.lit(m).alias("metric")) for m in ms]
+        df = pl.concat(frames)
+        return _download(df.write_csv(), "text/csv",
+                         f"{st.name}-{'-'.join(ms)}-{view}.csv")
+
+    def chart(self, req: Request) -> Response:
+        st = self.study(req.path_params["name"])
+        metric, view = self._metric(st, req)
+        got, _ = self.chart_svg(st, st.version(), metric, view, wait_s=math.inf)
+        svg, note = got if isinstance(got, tuple) else ("", _pending(got))
+        if not svg:
+            raise NotFound(f"no chart for {metric} yet: {note}")
+        return Response(svg, media_type="image/svg+xml")
+
+    def claims_json(self, req: Request) -> Response:
+        st = self.study(req.path_params["name"])
+        unfinished = self._flag(req, "unfinished")
+        prog = st.progress()
+        claims, _ = self.claims(st, st.version(), unfinished, wait_s=math.inf)
+        if not isinstance(claims, list):
+            raise QkgeomError(_pending(claims))
+        data = {"sweep": st.name, "provisional": not prog["finished"],
+                "finished_only": not unfinished, "progress": prog,
+                "claims": [{"key": c.key, "paper": c.paper, "measured": c.measured,
+                            "verdict": c.verdict} for c in claims]}
+        return JSONResponse(json.loads(json.dumps(data, default=str)))
+
+    def report_html(self, req: Request) -> Response:
+        st = self.study(req.path_params["name"])
+        unfinished = self._flag(req, "unfinished")
+        with tempfile.TemporaryDirectory(prefix="qkgeom-serve-") as d:
+            st.report(d, seed=self.seed, n_boot=self.n_boot, finished_only=not unfinished)
+            text = (Path(d) / "report.html").read_text(encoding="utf-8")
+        return HTMLResponse(text)
+
+
+def _pending(got: Any) -> str:
+    if isinstance(got, _Failed):
+        return f"could not compute it: {got.message}"
+    return "being computed (this page reloads by itself)"
+
+
+def _counts(status: dict[str, int]) -> str:
+    return ", ".join(f"{n} {s}" for s, n in sorted(status.items())) or "no trials yet"
+
+
+def _reload_note(refresh: int) -> str:
+    return (f"This page reloads every {refresh} s (add ?refresh=0 to stop)." if refresh
+            else "Automatic reloading is off.")
+
+
+def _verdict_class(v: str) -> str:
+    return {"holds": "v-holds", "does not hold": "v-does"}.get(v, "v-not")
+
+
+def _download(body: str | bytes, media: str, filename: str) -> Response:
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in filename)
+    return Response(body, media_type=media,
+                    headers={"Content-Disposition": f"attachment; filename=\"{safe}\""})
+
+
+class TokenMiddleware:
+    """Every request must carry the token (query ``token``, ``Authorization: Bearer``,
+    ``X-Qkgeom-Token`` or the cookie set after a query-token visit)."""
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app = app
+        self.token = token
+        self.cookie = hashlib.sha256(("qkgeom:" + token).encode()).hexdigest()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        req = Request(scope)
+        auth = req.headers.get("authorization", "")
+        given = (req.query_params.get("token") or req.headers.get("x-qkgeom-token")
+                 or (auth[7:] if auth.lower().startswith("bearer ") else None))
+        ok = given is not None and hmac.compare_digest(given.encode(), self.token.encode())
+        ok = ok or hmac.compare_digest(req.cookies.get(COOKIE, "").encode(),
+                                       self.cookie.encode())
+        if not ok:
+            resp = _message(401, "this server needs its token: open the page with "
+                                 "?token=TOKEN (or send the header Authorization: Bearer "
+                                 "TOKEN)")
+            await resp(scope, receive, send)
+            return
+        if req.query_params.get("token"):
+            cookie = f"{COOKIE}={self.cookie}; Path=/; HttpOnly; SameSite=Strict".encode()
+
+            async def send_cookie(message: Any) -> None:
+                if message["type"] == "http.response.start":
+                    message = {**message, "headers": [*message.get("headers", []),
+                                                      (b"set-cookie", cookie)]}
+                await send(message)
+
+            await self.app(scope, receive, send_cookie)
+            return
+        await self.app(scope, receive, send)
+
+
+def create_app(db: str | None = None, *, token: str | None = None,
+               refresh: int = DEFAULT_REFRESH_S, n_boot: int = 10_000,
+               seed: int = 0, wait_s: float = 1.0, update_every_s: float = 30.0
+               ) -> Starlette:
+    """The web app over database ``db``, opened read-only now (a bad URL or a database
+    without qkgeom's schema fails here, with the usual one-line message). A page waits
+    up to ``wait_s`` for verdicts and charts computed in the background, then shows the
+    previous ones (or a note) and picks up the new ones on a later reload; each is
+    recomputed at most every ``update_every_s`` seconds."""
+    from contextlib import asynccontextmanager
+
+    from qkgeom.store import open_store
+
+    store = open_store(db, create=False, readonly=True)
+    srv = Server(store, refresh=refresh, seed=seed, n_boot=n_boot, wait_s=wait_s,
+                 update_every_s=update_every_s)
+
+    def wrap(fn: Callable[[Request], Response]) -> Callable[[Request], Response]:
+        def endpoint(req: Request) -> Response:  # sync: Starlette runs it in a thread
+            try:
+                return fn(req)
+            except NotFound as e:
+                return _message(404, str(e))
+            except BadRequest as e:
+                return _message(400, str(e))
+            except QkgeomError as e:  # e.g. a database error: one line, no traceback
+                return _message(500, str(e))
+
+        return endpoint
+
+    routes = [
+        Route("/", wrap(srv.index)),
+        Route("/sweeps/{name}", wrap(srv.sweep_page)),
+        Route("/sweeps/{name}/trials.csv", wrap(srv.trials_csv)),
+        Route("/sweeps/{name}/trials.parquet", wrap(srv.trials_parquet)),
+        Route("/sweeps/{name}/trajectories.csv", wrap(srv.trajectories_csv)),
+        Route("/sweeps/{name}/chart.svg", wrap(srv.chart)),
+        Route("/sweeps/{name}/claims.json", wrap(srv.claims_json)),
+        Route("/sweeps/{name}/report.html", wrap(srv.report_html)),
+    ]
+
+    async def http_error(req: Request, exc: Exception) -> Response:
+        code = getattr(exc, "status_code", 500)
+        return _message(code, f"no page at {req.url.path}; start from /" if code == 404
+                        else str(getattr(exc, "detail", exc)))
+
+    async def server_error(req: Request, exc: Exception) -> Response:
+        return _message(500, f"internal error ({type(exc).__name__}); see the server's log")
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> Any:
+        yield
+        srv.jobs.close()
+        store.close()
+
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={HTTPException: http_error, Exception: server_error})
+    if token:
+        app.add_middleware(TokenMiddleware, token=token)
+    app.state.server = srv
+    return app

@@ -1,0 +1,304 @@
+"""A study for notebooks: ``qkgeom.open_study(db, sweep)``.
+
+:class:`Study` reads one sweep of a results database (opened read-only) and returns
+polars DataFrames (:meth:`Study.trials`, :meth:`Study.trajectories`, :meth:`Study.finals`,
+:meth:`Study.arms`, :meth:`Study.pretrained`), the statistics the CLI prints (the same
+functions of :mod:`qkgeom.analysis` and :mod:`qkgeom.report`, as their dataclasses), and
+the project's altair charts (:meth:`Study.chart`). Every call reads the database again,
+so a study that is still running shows its newest rows. ``qkgeom serve`` builds its page
+from the same methods. See docs/python-api.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import polars as pl
+
+from qkgeom import analysis as A
+from qkgeom.errors import QkgeomError
+
+FINISHED = "terminated"
+CHART_KINDS = ("trajectories", "metric", "intervention", "correlation")
+ARM_METRICS = ("entropy", "pr_wk", "pr_k")
+TRIAL_COLUMNS = {
+    "trial_id": pl.Int64, "trial_key": pl.String, "depth": pl.Int64, "init": pl.String,
+    "arm": pl.String, "seed": pl.Int64, "status": pl.String, "attempts": pl.Int64,
+    "step": pl.Int64, "max_steps": pl.Int64, "progress": pl.Float64, "val_loss": pl.Float64,
+    "test_loss": pl.Float64, "host": pl.String, "device": pl.String, "error": pl.String,
+}
+
+
+def open_study(db: str | None = None, sweep: str | None = None) -> Study:
+    """Open sweep ``sweep`` of the database ``db`` (URL or SQLite file; default
+    ``$QKGEOM_DB``) read-only. ``sweep`` may be omitted when the database holds one sweep.
+    Close it with :meth:`Study.close` (or use it in a ``with`` block)."""
+    from qkgeom.store import open_store
+
+    store = open_store(db, create=False, readonly=True)
+    try:
+        name = A.resolve_sweep(store, sweep)
+    except BaseException:
+        store.close()
+        raise
+    return Study(store, name, owns_store=True)
+
+
+def _num(v: Any) -> float | None:
+    if v is None:
+        return None
+    v = float(v)
+    return None if math.isnan(v) else v
+
+
+class Study:
+    """One sweep of an open store. Built by :func:`open_study` (or by the server, which
+    shares one store between requests: ``Study(store, name)``)."""
+
+    def __init__(self, store: Any, sweep: str, *, owns_store: bool = False) -> None:
+        self.store = store
+        self.name = sweep
+        self.sweep_id = store.require_sweep(sweep)
+        self._owns = owns_store
+
+    # ------------------------------------------------------------------ plumbing
+    def close(self) -> None:
+        if self._owns:
+            self.store.close()
+
+    def __enter__(self) -> Study:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Study({self.name!r}, db={self.store.safe_url!r})"
+
+    def version(self) -> tuple[Any, ...]:
+        """A cheap fingerprint of the sweep's stored data: it changes when a probe is
+        written or a trial changes status (the server caches verdicts and charts on it)."""
+        p = self.store.sql(
+            "SELECT COUNT(*) AS n, COALESCE(SUM(p.step), 0) AS s FROM probes p "
+            "JOIN trials t ON t.id = p.trial_id WHERE t.sweep_id = :s", {"s": self.sweep_id})
+        t = self.store.sql("SELECT id, status, attempts FROM trials WHERE sweep_id = :s "
+                           "ORDER BY id", {"s": self.sweep_id})
+        try:
+            n_pre = int(self.store.sql("SELECT COUNT(*) AS n FROM pretrained_runs")["n"][0])
+        except QkgeomError:
+            n_pre = 0
+        return (int(p["n"][0]), int(p["s"][0]), tuple(t.iter_rows()), n_pre)
+
+    # ------------------------------------------------------------------ frames
+    def trials(self) -> pl.DataFrame:
+        """One row per trial: trial_id, trial_key, depth, init, arm, seed, status, attempts,
+        step (latest probe), max_steps, progress (step / max_steps; 1 once terminated),
+        val_loss (at the latest probe), test_loss (once finished), host, device, error (the
+        last line of the trial's error text)."""
+        t = self.store.trials(self.name)
+        last = self.store.sql(
+            "SELECT p.trial_id, p.step, p.val_loss FROM probes p JOIN "
+            "(SELECT q.trial_id, MAX(q.step) AS step FROM probes q JOIN trials t "
+            "ON t.id = q.trial_id WHERE t.sweep_id = :s GROUP BY q.trial_id) m "
+            "ON m.trial_id = p.trial_id AND m.step = p.step", {"s": self.sweep_id})
+        by = {int(r[0]): (r[1], r[2]) for r in last.iter_rows()}
+        rows = []
+        for r in t.iter_rows(named=True):
+            cfg = json.loads(r["config"]) if r["config"] else {}
+            step, val = by.get(int(r["id"]), (None, None))
+            max_steps = cfg.get("max_steps")
+            if r["status"] == FINISHED:
+                prog = 1.0
+            elif step is not None and max_steps:
+                prog = min(1.0, step / max_steps)
+            else:
+                prog = 0.0
+            err = (r["error"] or "").strip().splitlines()
+            rows.append({
+                "trial_id": r["id"], "trial_key": r["trial_key"], "depth": r["depth"],
+                "init": r["init"], "arm": r["arm"], "seed": r["seed"], "status": r["status"],
+                "attempts": r["attempts"], "step": step,
+                "max_steps": int(max_steps) if max_steps is not None else None,
+                "progress": prog, "val_loss": _num(val), "test_loss": _num(r["test_loss"]),
+                "host": r["host"] or "", "device": r["device"] or "",
+                "error": err[-1] if err else ""})
+        return pl.DataFrame(rows, schema=TRIAL_COLUMNS, orient="row" if rows else None)
+
+    def progress(self) -> dict[str, Any]:
+        """The whole study's progress: n_trials, counts per status, fraction (mean of the
+        trials' progress), finished (every trial terminated)."""
+        t = self.trials()
+        counts = {s: n for s, n in t.group_by("status").len().sort("status").iter_rows()}
+        n = t.height
+        return {"n_trials": n, "status": counts,
+                "fraction": float(t["progress"].mean()) if n else 0.0,
+                "finished": n > 0 and counts.get(FINISHED, 0) == n}
+
+    def metrics(self) -> list[str]:
+        """Metric names a trajectory can be asked for (qkgeom's and the database's)."""
+        return A.known_metrics(self.store)
+
+    def trajectories(self, metric: str = "pr_q", *, per_trial: bool = False,
+                     arm: str | None = None, finished_only: bool = False) -> pl.DataFrame:
+        """Layer-level ``metric`` over training.
+
+        Default: the mean over seeds per (depth, init, arm, layer, step): columns depth,
+        init, arm, layer, step, progress, value, n_seeds. ``per_trial``: one row per
+        (trial, step, layer) with trial_id, seed and status instead of n_seeds. Every trial
+        counts unless ``finished_only``; ``arm`` keeps one arm.
+        """
+        metric = A.check_metric(self.store, metric)
+        q = ("SELECT trial_id, depth, init, arm, seed, status, step, progress, layer, value "
+             "FROM v_layer_metrics WHERE sweep_id = :s AND metric = :m")
+        params: dict[str, Any] = {"s": self.sweep_id, "m": metric}
+        if arm is not None:
+            q += " AND arm = :a"
+            params["a"] = arm
+        if finished_only:
+            q += f" AND status = '{FINISHED}'"
+        df = self.store.sql(q + " ORDER BY trial_id, step, layer", params).with_columns(
+            pl.col("progress").cast(pl.Float64),
+            pl.col("value").cast(pl.Float64).fill_nan(None))
+        if per_trial:
+            return df.select("trial_id", "depth", "init", "arm", "seed", "status", "step",
+                             "progress", "layer", "value")
+        return (df.group_by(["depth", "init", "arm", "layer", "step"])
+                .agg(pl.col("progress").mean(), pl.col("value").mean(),
+                     pl.col("value").count().alias("n_seeds"))
+                .sort(["depth", "init", "arm", "layer", "step"]))
+
+    def finals(self, metric: str = "pr_q", *, finished_only: bool = False) -> pl.DataFrame:
+        """``metric`` at each trial's latest probe, per layer: trial_id, depth, init, arm,
+        seed, status, layer, step, value, test_loss (a running trial's latest probe is not
+        the end of training: filter on status, or pass ``finished_only``)."""
+        metric = A.check_metric(self.store, metric)
+        df = self.store.sql(
+            "SELECT f.trial_id, f.depth, f.init, f.arm, f.seed, t.status, f.layer, f.step, "
+            "f.value, f.test_loss FROM v_final f JOIN trials t ON t.id = f.trial_id "
+            "WHERE t.sweep_id = :s AND f.metric = :m ORDER BY f.trial_id, f.layer",
+            {"s": self.sweep_id, "m": metric})
+        df = df.with_columns(pl.col("value").cast(pl.Float64).fill_nan(None),
+                             pl.col("test_loss").cast(pl.Float64).fill_nan(None))
+        return df.filter(pl.col("status") == FINISHED) if finished_only else df
+
+    def arms(self, *, baseline: str = A.BASELINE_ARM) -> pl.DataFrame:
+        """The intervention arms beside their baselines, one row per arm trial: depth, init,
+        arm, seed, status, step, test_loss and, at the latest probe and averaged over
+        layers, entropy, pr_wk (the achieved W_K weight PR) and pr_k (key PR_K), each with
+        the paired baseline trial's value (``baseline_*``, same depth, init and seed).
+        Empty when the sweep has no arm other than ``baseline``."""
+        keys = ["trial_id", "depth", "init", "arm", "seed", "status", "step", "test_loss"]
+        schema = {"depth": pl.Int64, "init": pl.String, "arm": pl.String, "seed": pl.Int64,
+                  "status": pl.String, "step": pl.Int64, "test_loss": pl.Float64}
+        for m in ARM_METRICS:
+            schema[m] = pl.Float64
+        for m in ("test_loss", *ARM_METRICS):
+            schema[f"baseline_{m}"] = pl.Float64
+        df = self.store.sql(
+            "SELECT f.trial_id, f.depth, f.init, f.arm, f.seed, t.status, f.step, f.test_loss,"
+            " f.metric, AVG(f.value) AS value FROM v_final f JOIN trials t "
+            "ON t.id = f.trial_id WHERE t.sweep_id = :s AND f.metric IN "
+            f"{A._in(list(ARM_METRICS))} GROUP BY f.trial_id, f.depth, f.init, f.arm, "
+            "f.seed, t.status, f.step, f.test_loss, f.metric", {"s": self.sweep_id})
+        if df.height == 0 or set(df["arm"].to_list()) <= {baseline}:
+            return pl.DataFrame(schema=schema)
+        w = df.with_columns(pl.col("value").cast(pl.Float64).fill_nan(None),
+                            pl.col("test_loss").cast(pl.Float64).fill_nan(None)).pivot(
+            on="metric", index=keys, values="value")
+        for m in ARM_METRICS:
+            if m not in w.columns:
+                w = w.with_columns(pl.lit(None, dtype=pl.Float64).alias(m))
+        base = w.filter(pl.col("arm") == baseline).select(
+            "depth", "init", "seed", *[pl.col(m).alias(f"baseline_{m}")
+                                       for m in ("test_loss", *ARM_METRICS)])
+        out = w.filter(pl.col("arm") != baseline).join(base, on=["depth", "init", "seed"],
+                                                       how="left")
+        return out.select(list(schema)).cast(schema).sort(["arm", "depth", "init", "seed"])
+
+    def pretrained(self) -> pl.DataFrame:
+        """Pretrained models measured in this database (they belong to no sweep): model,
+        n_checkpoints, first_step, last_step."""
+        return A.pretrained_models(self.store)
+
+    # ------------------------------------------------------------------ statistics
+    # The same calls as ``qkgeom stats ...`` (finished trials only unless told).
+
+    def sign_test(self, **kw: Any) -> A.SignTestReport:
+        """``qkgeom stats sign-test``: see :func:`qkgeom.analysis.sign_test`."""
+        if "window" in kw:
+            kw["window"] = A.parse_window(kw["window"])
+        return A.sign_test(self.store, self.name, **kw)
+
+    def slopes(self, **kw: Any) -> A.SlopesReport:
+        """``qkgeom stats slopes``: see :func:`qkgeom.analysis.slopes`."""
+        if "window" in kw:
+            kw["window"] = A.parse_window(kw["window"])
+        return A.slopes(self.store, self.name, **kw)
+
+    def directional(self, arm: str, **kw: Any) -> A.DirectionalReport:
+        """``qkgeom stats directional-confidence``: see :func:`qkgeom.analysis.directional`."""
+        return A.directional(self.store, self.name, arm=arm, **kw)
+
+    def correlate(self, x: str, y: str, **kw: Any) -> A.CorrelationReport:
+        """``qkgeom stats correlate``: see :func:`qkgeom.analysis.correlate`."""
+        return A.correlate(self.store, self.name, x=x, y=y, **kw)
+
+    def checkpoint_trend(self, model: str) -> A.CheckpointTrendReport:
+        """``qkgeom stats checkpoint-trend``: see :func:`qkgeom.analysis.checkpoint_trend`."""
+        return A.checkpoint_trend(self.store, model)
+
+    def claims(self, *, seed: int = 0, n_boot: int = 10_000,
+               finished_only: bool = True) -> list[Any]:
+        """Every claim of the paper with its verdict on the data stored now (what
+        ``qkgeom report`` prints): a list of :class:`qkgeom.report.Claim`."""
+        from qkgeom.report import compute_claims
+
+        return compute_claims(self.store, self.name, seed=seed, n_boot=n_boot,
+                              finished_only=finished_only)[0]
+
+    def report(self, out_dir: str, **kw: Any) -> list[Any]:
+        """Write the report files (``qkgeom report --out out_dir``); their paths."""
+        from qkgeom.report import build_report
+
+        return build_report(self.store, self.name, out_dir, **kw)
+
+    # ------------------------------------------------------------------ charts
+    def chart(self, kind: str = "trajectories", *, metric: str | None = None,
+              per_trial: bool = False, finished_only: bool = True, x: str = "pr_k",
+              y: str = "entropy", seed: int = 0) -> Any:
+        """The project's altair charts (they render inline in Jupyter).
+
+        ``trajectories``: PR_Q and PR_K per layer (``qkgeom plot trajectories``), or, with
+        ``metric``, that metric per layer of the baseline arm, mean over seeds or one line
+        per seed (``per_trial``); ``metric`` alone is the same; ``intervention``: the arms
+        over training; ``correlation``: ``y`` against ``x``. ``finished_only`` as in the CLI
+        (pass False for a running sweep).
+        """
+        from qkgeom import plots
+
+        if kind not in CHART_KINDS:
+            raise QkgeomError(f"unknown chart {kind!r}; use one of {', '.join(CHART_KINDS)}")
+        fin = finished_only
+        if kind == "metric" or (kind == "trajectories" and metric is not None):
+            if metric is None:
+                raise QkgeomError("chart('metric') needs metric=NAME, e.g. metric='pr_k'")
+            df = self.trajectories(metric, per_trial=True, finished_only=fin)
+            base = df.filter(pl.col("arm") == A.BASELINE_ARM)
+            df = base if base.height else df
+            if per_trial:
+                df = df.group_by(["depth", "init", "layer", "seed", "step"]).agg(
+                    pl.col("progress").mean(), pl.col("value").mean())
+            return plots.metric_trajectories(df, metric, per_trial=per_trial)
+        if kind == "trajectories":
+            return plots.trajectories(A.trajectory_frame(self.store, self.name,
+                                                         finished_only=fin))
+        if kind == "intervention":
+            return plots.intervention(A.intervention_frame(self.store, self.name,
+                                                           finished_only=fin))
+        from qkgeom.stats import spearman
+
+        pts = A.correlation_points(self.store, self.name, x=x, y=y, finished_only=fin)
+        return plots.correlation(pts, x=x, y=y, seed=seed,
+                                 rho=spearman(pts[x].to_numpy(), pts[y].to_numpy()))

@@ -1,0 +1,140 @@
+"""``qkgeom.open_study``: DataFrames, statistics and charts of a planted study, and the
+docs/python-api.md example run as written."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from stats_fixtures import make_synthetic_db, write_pretrained_family, write_trials
+
+import qkgeom
+from qkgeom.errors import QkgeomError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory: pytest.TempPathFactory) -> str:
+    d = tmp_path_factory.mktemp("study")
+    url = "sqlite:///" + str(d / "study.db")
+    make_synthetic_db(url, sweep="smoke", seeds=5)
+    write_pretrained_family(url)
+    # a second sweep still running: 2 trials probed up to step 20 of 100
+    write_trials(url, "live", [
+        {"depth": 2, "init": "gaussian", "arm": "none", "seed": s, "status": "running",
+         "values": lambda step, layer: {"pr_q": 10.0 + step / 100, "pr_k": 9.0}}
+        for s in (0, 1)], steps=[0, 10, 20], max_steps=100)
+    return url
+
+
+def test_frames_match_the_planted_values(planted: str) -> None:
+    with qkgeom.open_study(planted, "smoke") as s:
+        t = s.trials()
+        # 2 depths x 3 inits x 5 seeds grid + 2 arms x 5 seeds
+        assert t.height == 40 and set(t["status"]) == {"terminated"}
+        assert set(t["step"]) == {100} and set(t["max_steps"]) == {100}
+        assert s.progress() == {"n_trials": 40, "status": {"terminated": 40}, "fraction": 1.0,
+                                "finished": True}
+        # baseline pr_k = 12 + 0.14 p + layer - (0.5 + p); at p = 1, layer 1: 11.64
+        traj = s.trajectories("pr_k", arm="none")
+        row = traj.filter((traj["depth"] == 3) & (traj["init"] == "tied")
+                          & (traj["layer"] == 1) & (traj["step"] == 100))
+        assert row["value"][0] == pytest.approx(12 + 0.14 + 1 - 1.5)
+        assert row["n_seeds"][0] == 5
+        per = s.trajectories("pr_k", per_trial=True)
+        assert per.height == 40 * 11 * 2 + 15 * 11 * 1  # 11 probes; depth-3 trials: 3 layers
+        fin = s.finals("pr_q")
+        assert set(fin["step"]) == {100}
+        assert fin.filter(fin["layer"] == 2)["value"].to_list() == pytest.approx(
+            [12.14 + 2] * 15)
+        arms = s.arms()
+        # pr_wk at p = 1 is (60 - 50) * (1 + key_effect): shrink -0.4, hold +0.4
+        assert arms.height == 10
+        for arm, want in (("shrink", 6.0), ("hold", 14.0)):
+            a = arms.filter(arms["arm"] == arm)
+            assert a["pr_wk"].to_list() == pytest.approx([want] * 5)
+            assert a["baseline_pr_wk"].to_list() == pytest.approx([10.0] * 5)
+        pre = s.pretrained()
+        assert pre["model"].to_list() == ["synthetic/pythia-like"]
+        assert pre["n_checkpoints"][0] == 8
+
+
+def test_statistics_are_the_cli_results(planted: str) -> None:
+    with qkgeom.open_study(planted, "smoke") as s:
+        r = s.sign_test().result
+        assert (r.n, r.n_positive) == (15, 15)
+        assert r.p_value == pytest.approx(2.0 ** -15)  # exact binomial tail, all 15 positive
+        sl = s.slopes()
+        assert sl.pr_q.mean == pytest.approx(0.14)  # q_slope
+        verdicts = {c.key: c.verdict for c in s.claims()}
+        assert verdicts["2-gap"] == "holds" and verdicts["4-shrink"] == "holds"
+        assert verdicts["5"] == "holds"
+
+
+def test_running_sweep_progress_and_no_finished_data(planted: str) -> None:
+    with qkgeom.open_study(planted, "live") as s:
+        p = s.progress()
+        assert p["status"] == {"running": 2} and not p["finished"]
+        assert p["fraction"] == pytest.approx(0.2)  # step 20 of 100
+        assert s.trials()["val_loss"].to_list() == [1.0, 1.0]
+        assert s.arms().height == 0
+        with pytest.raises(QkgeomError, match="include-unfinished"):
+            s.sign_test()
+        r = s.sign_test(finished_only=False).result
+        assert (r.n, r.n_positive) == (2, 2)
+        chart = s.chart("metric", metric="pr_q", finished_only=False).to_dict()
+        vals = chart["datasets"][next(iter(chart["datasets"]))]
+        assert max(v["value"] for v in vals) == pytest.approx(10.2)
+
+
+def test_charts(planted: str) -> None:
+    with qkgeom.open_study(planted, "smoke") as s:
+        for kind in ("trajectories", "intervention", "correlation"):
+            d = s.chart(kind).to_dict()
+            assert "datasets" in d and d["datasets"], kind
+        d = s.chart("metric", metric="entropy", per_trial=True).to_dict()
+        assert d["spec"]["mark"]["type"] == "line"
+        assert d["spec"]["encoding"]["detail"]["field"] == "seed"
+        with pytest.raises(QkgeomError, match="unknown chart"):
+            s.chart("pie")
+
+
+def test_bad_names(planted: str) -> None:
+    with pytest.raises(QkgeomError, match="no sweep named 'nope'.*live, smoke"):
+        qkgeom.open_study(planted, "nope")
+    with pytest.raises(QkgeomError, match="2 sweeps"):
+        qkgeom.open_study(planted)
+    with qkgeom.open_study(planted, "smoke") as s:
+        with pytest.raises(QkgeomError, match="unknown metric 'bogus'"):
+            s.trajectories("bogus")
+        with pytest.raises(QkgeomError, match="unknown metric"):
+            s.finals("pr_q'; DROP TABLE trials; --")
+
+
+def test_import_stays_lazy() -> None:
+    code = ("import sys, qkgeom; heavy = [m for m in ('polars', 'altair', 'sqlalchemy') "
+            "if m in sys.modules]; assert not heavy, heavy; "
+            "assert callable(qkgeom.open_study)")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_docs_example_runs(planted: str, tmp_path: Path, monkeypatch, capsys) -> None:
+    text = (ROOT / "docs" / "python-api.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(blocks) == 1
+    db = tmp_path / "study.db"
+    make_synthetic_db("sqlite:///" + str(db), sweep="smoke", seeds=5)
+    monkeypatch.chdir(tmp_path)
+    ns: dict = {}
+    exec(compile(blocks[0], "docs/python-api.md", "exec"), ns)
+    out = capsys.readouterr().out
+    assert "{'terminated': 40} 100% done" in out
+    assert "15 of 15 trajectories with PR_Q > PR_K, p = 3.0517578125e-05" in out
+    assert ns["claims"][0].key == "2-gap" and ns["claims"][0].verdict == "holds"
+    assert ns["shrink"].result.n_seeds == 5 and ns["shrink"].result.mean_delta < 0
+    assert ns["arms"].height == 10 and ns["models"].height == 0
+    assert ns["live"].to_dict()["spec"]["mark"]["type"] == "line"
