@@ -119,6 +119,28 @@ def _entropy_sums(probs: Tensor, vis: Tensor) -> tuple[Tensor, Tensor]:
     return raw, norm
 
 
+_POOL: list[Any] = []
+
+
+def _eigvalsh_parallel(g: Tensor) -> Tensor:
+    """``eigvalsh`` of a batch of small symmetric matrices, the batch split over one-thread
+    workers (as many as torch's intra-op threads): LAPACK's ``syevd`` on a 256 x 256 matrix
+    barely uses a second thread, so parallel matrices beat a parallel matrix (~1.5x on
+    2 cores)."""
+    n = torch.get_num_threads()
+    flat = g.reshape(-1, *g.shape[-2:])
+    if g.device.type != "cpu" or n == 1 or flat.shape[0] < 2:
+        return torch.linalg.eigvalsh(g)
+    if not _POOL:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL.append(ThreadPoolExecutor(max_workers=n, thread_name_prefix="qkgeom-eig"))
+    parts = flat.chunk(min(n, flat.shape[0]))
+    with _lapack_threads():
+        lam = torch.cat(list(_POOL[0].map(torch.linalg.eigvalsh, parts)))
+    return lam.reshape(*g.shape[:-1])
+
+
 def logit_erank_gram(logits: Tensor, visible: Tensor) -> Tensor:
     """:func:`qkgeom.metrics.logit_effective_rank` through the Gram matrix: the singular
     values of the masked ``A`` are the square roots of the eigenvalues of ``A^T A``
@@ -130,7 +152,7 @@ def logit_erank_gram(logits: Tensor, visible: Tensor) -> Tensor:
     a = logits.detach().double()
     a = torch.where(visible.to(torch.bool).expand_as(a), a, torch.zeros((), dtype=a.dtype,
                                                                          device=a.device))
-    lam = torch.linalg.eigvalsh(a.transpose(-2, -1) @ a)  # (B, H, S) ascending
+    lam = _eigvalsh_parallel(a.transpose(-2, -1) @ a)  # (B, H, S) ascending
     s = lam.clamp_min(0).sqrt()
     total = s.sum(-1, keepdim=True)
     p = s / total.clamp_min(1e-300)
