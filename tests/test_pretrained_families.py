@@ -68,9 +68,10 @@ class Recording(P.GeometryAccumulator):
         super().__init__(erank_seqs=2)
         self.seen: dict[int, dict] = {}
 
-    def update(self, layer, q, k, visible, scaling, real=None, q_pre=None, k_pre=None):
+    def update(self, layer, q, k, visible, scaling, real=None, q_pre=None, k_pre=None,
+               probs=None):
         self.seen.setdefault(layer, dict(q=q.clone(), k=k.clone(), q_pre=q_pre, k_pre=k_pre))
-        super().update(layer, q, k, visible, scaling, real, q_pre, k_pre)
+        super().update(layer, q, k, visible, scaling, real, q_pre, k_pre, probs)
 
 
 def _q_bias(site: P.AttnSite, family: str, nh: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,7 +109,7 @@ def test_family(family: str):
     hs = [s.module.register_forward_pre_hook(grab(i), with_kwargs=True)
           for i, s in enumerate(sites)]
     m = P.measure_hf(loaded, text, max_tokens=None, seq_len=64, chunk_tokens=64 * 4,
-                     accumulator=acc)
+                     accumulator=acc, prerot=True)
     for h in hs:
         h.remove()
     assert m.meta["rotary"] is rotary

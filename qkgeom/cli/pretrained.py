@@ -74,11 +74,30 @@ def _progress_factory(quiet: bool, live: bool):  # type: ignore[no-untyped-def]
               help="Weights dtype for transformers models (metrics are float64 anyway).")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:1, ...")
 @click.option("--db", "db", default=None, metavar="URL", help=DB_HELP)
+@click.option("--prerot", is_flag=True,
+              help="Also measure rotary models' pre-rotary projections (pr_q_prerot, "
+                   "pr_k_prerot): two more covariances per layer.")
+@click.option("--force", is_flag=True,
+              help="Measure revisions already stored for this model again (default: skip).")
+@click.option("--ray", "use_ray", is_flag=True,
+              help="Run the revisions in parallel as tasks on a local Ray instance.")
+@click.option("--address", default=None, metavar="HOST:PORT",
+              help="Run the revisions as tasks on a running Ray cluster ('auto' on a head "
+                   "node). Workers must reach --model (Hub or shared path) or the checkpoints.")
+@click.option("--cpus-per-revision", type=float, default=1.0, show_default=True,
+              help="CPUs per Ray task (also its torch threads).")
+@click.option("--gpus-per-revision", type=float, default=0.0, show_default=True,
+              help="GPUs per Ray task, fractional to share a GPU (0.25: four per GPU); "
+                   "> 0 measures on the task's GPU.")
+@click.option("--retries", type=int, default=2, show_default=True,
+              help="Ray: resubmissions of a revision that failed other than by a user error.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress display.")
 def probe_pretrained(model: str | None, gguf_file: str | None, revisions: str | None,
                      checkpoints: str | None, text: str | None, max_tokens: int,
                      chunk_tokens: int, seq_len: int | None, erank_seqs: int, name: str | None,
-                     dtype: str, device: str, db: str | None, quiet: bool) -> None:
+                     dtype: str, device: str, db: str | None, prerot: bool, force: bool,
+                     use_ray: bool, address: str | None, cpus_per_revision: float,
+                     gpus_per_revision: float, retries: int, quiet: bool) -> None:
     """Measure query/key geometry of a pretrained model at one or more revisions.
 
     Captures queries and keys of every layer and head (before and after rotary
@@ -86,9 +105,23 @@ def probe_pretrained(model: str | None, gguf_file: str | None, revisions: str | 
     text, recomputes attention entropy from q and k with the model's mask, and stores
     every metric per model, revision, layer and head (see v_pretrained). Offline, set
     HF_HUB_OFFLINE=1 and pass --model PATH to local files.
+
+    Revisions already stored for the model are skipped (--force redoes them). With --ray
+    or --address, several revisions run in parallel as Ray tasks, each stored as it
+    finishes; --model qkgeom:SWEEP/TRIAL --revisions step_N,... picks a trial's checkpoints.
     """
     with user_errors():
         from qkgeom.errors import QkgeomError
+
+        rev_list = [r.strip() for r in revisions.split(",") if r.strip()] if revisions \
+            else None
+        if model is not None and model.startswith("qkgeom:") and checkpoints is None:
+            model, checkpoints = None, model[len("qkgeom:"):]
+            ckpt_revs, revisions = rev_list, None
+        else:
+            ckpt_revs = None
+        if retries < 0:
+            raise QkgeomError("--retries must be >= 0")
 
         if (model is None) == (checkpoints is None):
             raise QkgeomError("pass exactly one of --model ID_OR_PATH or --checkpoints SPEC")
@@ -104,20 +137,27 @@ def probe_pretrained(model: str | None, gguf_file: str | None, revisions: str | 
 
         store = open_store(db)
         progress = _progress_factory(quiet, live=sys.stderr.isatty())
+        ray = None
+        if use_ray or address:
+            from qkgeom.pretrained_ray import RayOptions
+
+            ray = RayOptions(address=address, cpus_per_revision=cpus_per_revision,
+                             gpus_per_revision=gpus_per_revision, retries=retries)
+        note = (lambda m: click.echo(f"note: {m}", err=True)) if not quiet else None
         common = dict(text_path=text, max_tokens=max_tokens or None, chunk_tokens=chunk_tokens,
-                      erank_seqs=erank_seqs, name=name, device=device, progress=progress)
+                      erank_seqs=erank_seqs, name=name, device=device, progress=progress,
+                      force=force, ray=ray)
         try:
             if checkpoints is not None:
                 if seq_len is not None:
                     raise QkgeomError("--seq-len is fixed by a checkpoint's block_size")
                 done = P.probe_checkpoints(
-                    checkpoints, store=store,
+                    checkpoints, store=store, revisions=ckpt_revs,
                     note=lambda m: click.echo(f"note: {m}", err=True), **common)
             else:
-                revs = [r.strip() for r in revisions.split(",") if r.strip()] if revisions \
-                    else None
-                done = P.probe_pretrained(model, revisions=revs, gguf_file=gguf_file,
-                                          seq_len=seq_len, dtype=dtype, store=store, **common)
+                done = P.probe_pretrained(model, revisions=rev_list, gguf_file=gguf_file,
+                                          seq_len=seq_len, dtype=dtype, store=store,
+                                          prerot=prerot, note=note, **common)
         finally:
             store.close()
         for s in done:

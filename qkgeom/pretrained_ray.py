@@ -1,0 +1,141 @@
+"""Checkpoint families over Ray: one Ray task per revision, stored as each one finishes.
+
+``qkgeom probe-pretrained --revisions r1,r2,... --ray`` (a local Ray instance) or
+``--address HOST:PORT`` (a running cluster) runs :func:`qkgeom.pretrained.measure_job` for
+each revision as a Ray task with ``cpus_per_revision`` CPUs and ``gpus_per_revision``
+(fractional) GPUs. Tasks only measure; the driver writes each revision's rows to the
+database the moment its task returns, so workers need no database access and an
+interrupted family keeps every finished revision (a rerun skips them). A task that fails
+with anything but a :class:`~qkgeom.errors.QkgeomError` (a deterministic, user-facing
+error) is resubmitted up to ``retries`` times; a crashed worker process is retried by Ray
+itself (``max_retries``). Failures are reported per revision at the end.
+
+Ray is started and stopped through :mod:`qkgeom.tune`'s helpers (the same ones
+``qkgeom sweep`` uses).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from qkgeom.errors import QkgeomError
+from qkgeom.pretrained import PretrainedError, RevisionJob, Stored, measure_job
+
+
+@dataclass
+class RayOptions:
+    """Where and with what resources revisions run (see ``probe-pretrained --help``)."""
+
+    address: str | None = None  # None: a local Ray instance
+    cpus_per_revision: float = 1.0
+    gpus_per_revision: float = 0.0
+    retries: int = 2
+    num_cpus: int | None = None  # local instance only (default: all cores)
+
+
+def _measure_task(job: RevisionJob, text: str, text_path: str, kw: dict, threads: int
+                  ) -> tuple[list, dict, float]:
+    """Body of a Ray task: measure one revision and return its rows (stored by the driver)."""
+    import os
+    import socket
+
+    import torch
+
+    torch.set_num_threads(max(1, threads))
+    if kw.get("device", "cpu") == "cpu" and os.environ.get("CUDA_VISIBLE_DEVICES") \
+            and kw.pop("_gpu", False):
+        kw["device"] = "cuda"
+    kw.pop("_gpu", None)
+    t0 = time.perf_counter()
+    m = measure_job(job, text, text_path, **kw)
+    m.meta["host"] = socket.gethostname()
+    return m.rows, m.meta, time.perf_counter() - t0
+
+
+def _one_line(e: BaseException) -> str:
+    cause = getattr(e, "cause", None) or e
+    msg = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {msg[-1] if msg else ''}".strip()
+
+
+def run_on_ray(name: str, jobs: list[RevisionJob], text: str, text_path: str | Path, *,
+               store: Any | None, opts: RayOptions,
+               note: Callable[[str], None] | None = None, **kw: Any) -> list[Stored]:
+    """Measure ``jobs`` as Ray tasks; store each result as it arrives; return what was stored.
+
+    Raises :class:`PretrainedError` after all tasks have ended if any revision failed
+    (every other revision is stored by then), naming each failed revision and its error.
+    """
+    import ray
+
+    from qkgeom import tune
+
+    say = note or (lambda _m: None)
+    if opts.gpus_per_revision < 0 or opts.cpus_per_revision <= 0:
+        raise PretrainedError("--gpus-per-revision must be >= 0 and --cpus-per-revision > 0")
+    started_here = not ray.is_initialized()
+    tune._init_ray(tune.SweepOptions(address=opts.address, num_cpus=opts.num_cpus))
+    try:
+        res = ray.cluster_resources()
+        if opts.gpus_per_revision > 0 and res.get("GPU", 0) < opts.gpus_per_revision:
+            raise PretrainedError(f"--gpus-per-revision {opts.gpus_per_revision} but the Ray "
+                                  f"cluster has {res.get('GPU', 0):g} GPUs; lower it or "
+                                  "add GPU nodes")
+        if res.get("CPU", 0) < opts.cpus_per_revision:
+            raise PretrainedError(f"--cpus-per-revision {opts.cpus_per_revision} but the Ray "
+                                  f"cluster has {res.get('CPU', 0):g} CPUs")
+        task = ray.remote(_measure_task).options(
+            num_cpus=opts.cpus_per_revision, num_gpus=opts.gpus_per_revision,
+            max_retries=opts.retries)  # worker crashes; exceptions are retried below
+        text_ref = ray.put(text)
+        kw = dict(kw, _gpu=opts.gpus_per_revision > 0)
+        threads = max(1, int(opts.cpus_per_revision))
+
+        def submit(job: RevisionJob) -> Any:
+            return task.remote(job, text_ref, str(text_path), dict(kw), threads)
+
+        pending = {submit(j): (j, 1) for j in jobs}
+        n = len(jobs)
+        say(f"{name}: {n} revision(s) as Ray tasks ({opts.cpus_per_revision:g} CPU, "
+            f"{opts.gpus_per_revision:g} GPU each) on {res.get('CPU', 0):g} CPUs, "
+            f"{res.get('GPU', 0):g} GPUs")
+        t0 = time.perf_counter()
+        out: list[Stored] = []
+        failed: list[tuple[str, str]] = []
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            ref = ready[0]
+            job, attempt = pending.pop(ref)
+            try:
+                rows, meta, wall = ray.get(ref)
+            except Exception as e:  # RayTaskError wraps the task's own exception
+                msg = _one_line(e)
+                user = isinstance(getattr(e, "cause", None), QkgeomError)
+                if not user and attempt <= opts.retries:
+                    say(f"  {job.label}: attempt {attempt} failed ({msg}); retrying")
+                    pending[submit(job)] = (job, attempt + 1)
+                    continue
+                failed.append((job.label, msg))
+                say(f"  [{len(out) + len(failed)}/{n}] {job.label}: FAILED after {attempt} "
+                    f"attempt(s): {msg}")
+                continue
+            rid = store.write_pretrained(name, job.label, job.step, meta, rows) \
+                if store is not None else None
+            out.append(Stored(name, job.label, job.step, rid, len(rows), meta))
+            say(f"  [{len(out) + len(failed)}/{n}] {job.label}: {meta['tokens']:,} tokens in "
+                f"{wall:,.1f} s on {meta.get('host', '?')}; stored as run {rid} "
+                f"({time.perf_counter() - t0:,.0f} s elapsed)")
+    finally:
+        if started_here:
+            tune.shutdown()
+    if failed:
+        raise PretrainedError(
+            f"{len(failed)} of {n} revision(s) failed ("
+            + "; ".join(f"{lab}: {msg}" for lab, msg in failed)
+            + f"); the other {len(out)} are stored: fix the cause and rerun (stored "
+            "revisions are skipped)")
+    return out

@@ -1,0 +1,92 @@
+"""The cheaper numeric paths of the pretrained probe, against numpy float64 references.
+
+* entropy from the model's own float32 probabilities (float64 sums) vs a float64 numpy
+  softmax of the same logits;
+* ``logit_erank`` through the Gram matrix's eigenvalues vs numpy's SVD of the masked logits;
+* the accumulator fed probabilities vs the same accumulator recomputing the softmax.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from qkgeom import metrics as M
+from qkgeom import pretrained as P
+
+
+def _np_entropy(logits: np.ndarray, vis: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per head: sums over rows with >= 2 visible keys of H (nats) and of H / log k."""
+    with np.errstate(divide="ignore", invalid="ignore"):  # fully masked (padded) rows
+        x = np.where(vis, logits, -np.inf)
+        x = x - x.max(-1, keepdims=True)
+        e = np.where(vis, np.exp(x), 0.0)
+        p = e / e.sum(-1, keepdims=True)
+        h = -np.where(p > 0, p * np.log(p), 0.0).sum(-1)  # (B, H, T)
+    k = vis.sum(-1)
+    use = k >= 2
+    return (np.where(use, h, 0).sum((0, 2)),
+            np.where(use, h / np.log(np.maximum(k, 2)), 0).sum((0, 2)))
+
+
+def _case(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    b, h, t, dh = 3, 4, 40, 16
+    q, k = torch.randn(b, h, t, dh, generator=g) * 2, torch.randn(b, h, t, dh, generator=g)
+    real = torch.ones(b, t, dtype=torch.bool)
+    real[2, 29:] = False  # a right-padded sequence
+    vis = M.causal_visible(t)[None, None] & real[:, None, None, :] & real[:, None, :, None]
+    logits = (q.double() @ k.double().transpose(-2, -1)) * dh ** -0.5
+    return q, k, real, vis, logits
+
+
+def test_entropy_from_float32_probabilities_matches_float64_numpy():
+    _, _, _, vis, logits = _case()
+    v = vis.expand(logits.shape)
+    probs = torch.softmax(logits.float().masked_fill(~v, float("-inf")), -1)  # eager: fp32
+    raw, norm = P._entropy_sums(probs, vis)
+    ref_raw, ref_norm = _np_entropy(logits.numpy(), v.numpy())
+    rows = (v.sum(-1) >= 2).sum((0, 2)).numpy()
+    np.testing.assert_allclose(raw.numpy() / rows, ref_raw / rows, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(norm.numpy() / rows, ref_norm / rows, atol=1e-6, rtol=0)
+
+
+def test_logit_erank_gram_matches_numpy_svd():
+    _, _, _, vis, logits = _case(1)
+    got = P.logit_erank_gram(logits, vis).numpy()
+    a = np.where(vis.expand(logits.shape).numpy(), logits.numpy(), 0.0)
+    s = np.linalg.svd(a, compute_uv=False)  # (B, H, T)
+    p = s / s.sum(-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ref = np.exp(-np.where(p > 0, p * np.log(p), 0.0).sum(-1)).mean(0)
+    np.testing.assert_allclose(got, ref, rtol=1e-8)
+    # an all-masked matrix has no defined effective rank
+    assert np.isnan(P.logit_erank_gram(logits[:1], torch.zeros_like(vis[:1])).numpy()).all()
+
+
+@pytest.mark.parametrize("n_kv", [4, 2])
+def test_accumulator_with_probabilities_equals_recomputed_softmax(n_kv):
+    q, k, real, vis, _ = _case(2)
+    k = k[:, :n_kv]
+    k_exp = k.repeat_interleave(4 // n_kv, dim=1)
+    logits = (q @ k_exp.transpose(-2, -1)) * 0.25
+    probs = torch.softmax(logits.masked_fill(~vis.expand(logits.shape), float("-inf")), -1)
+    a, b = P.GeometryAccumulator(erank_seqs=2), P.GeometryAccumulator(erank_seqs=2)
+    a.update(0, q, k, vis, 0.25, real=real)
+    b.update(0, q, k, vis, 0.25, real=real, probs=probs)
+    ra, rb = a.rows(), b.rows()
+    assert [r[:3] for r in ra] == [r[:3] for r in rb]
+    for (*key, va), (*_, vb) in zip(ra, rb):
+        tol = 2e-6 if key[2].startswith("entropy") else 1e-12
+        assert va == pytest.approx(vb, abs=tol, nan_ok=True), key
+
+
+def test_pr_from_trace_and_frobenius_matches_numpy_eigenvalues():
+    g = np.random.default_rng(3)
+    x = g.standard_normal((500, 12)) @ g.standard_normal((12, 12)) + 3.0
+    c = np.cov(x, rowvar=False)
+    ev = np.clip(np.linalg.eigvalsh(c), 0, None)
+    assert P._pr_of_cov(torch.from_numpy(c)) == pytest.approx(
+        ev.sum() ** 2 / (ev ** 2).sum(), rel=1e-12)
+    assert np.isnan(P._pr_of_cov(torch.zeros(3, 3, dtype=torch.float64)))
