@@ -26,7 +26,8 @@ STEPS, MAX_STEPS = [0, 5, 10], 10
 
 def study(url: str, *, layers: list[tuple[float, float, float]], seeds=(0,),
           ent_coef: float = 1.0, arms: dict[str, list[float]] | None = None,
-          key: dict[str, list[float]] | None = None, drop: tuple[str, ...] = (),
+          key: dict[str, list[float]] | None = None, wk_key: dict[str, list[float]] | None = None,
+          drop: tuple[str, ...] = (),
           pretrained: dict[str, list[tuple[int, float]]] | None = None) -> None:
     """A planted sweep "s".
 
@@ -36,7 +37,8 @@ def study(url: str, *, layers: list[tuple[float, float, float]], seeds=(0,),
     the given ones. qk_erank = 0.5 PR_K + 1, logit_erank = 0.3 PR_K + 2, entropy =
     2 + ent_coef PR_K / 100 (+ the arm's delta), pr_wk = 60 - 50 p.
     Arms: ``arms[arm][i]`` is seed i's entropy delta (arm - baseline, constant), and
-    ``key[arm][i]`` scales that seed's pr_wk and PR_K by 1 + key.
+    ``key[arm][i]`` scales that seed's pr_wk and PR_K by 1 + key (``wk_key[arm][i]``, when
+    given, scales pr_wk instead, so the two sites can disagree).
     ``drop``: metrics not written. ``pretrained``: model -> [(step, PR_Q - PR_K)].
     """
     from qkgeom.store import open_store
@@ -47,6 +49,7 @@ def study(url: str, *, layers: list[tuple[float, float, float]], seeds=(0,),
     def values(arm: str, i: int, seed: int):
         d = arms[arm][i] if arm != "none" else 0.0
         kd = key[arm][i] if arm != "none" else 0.0
+        wd = (wk_key or {}).get(arm, key.get(arm, [0.0] * len(seeds)))[i] if arm != "none" else 0.0
 
         def f(step: int, layer: int) -> dict[str, float]:
             p = step / MAX_STEPS
@@ -56,7 +59,7 @@ def study(url: str, *, layers: list[tuple[float, float, float]], seeds=(0,),
             pr_k = pr_k0 * (1 + kd)
             v = {"pr_q": pr_q, "pr_k": pr_k, "qk_erank": 0.5 * pr_k + 1,
                  "logit_erank": 0.3 * pr_k + 2, "entropy": 2 + ent_coef * pr_k0 / 100 + d,
-                 "pr_wk": (60 - 50 * p) * (1 + kd)}
+                 "pr_wk": (60 - 50 * p) * (1 + wd)}
             return {m: x for m, x in v.items() if m not in drop}
         return f
 
@@ -102,13 +105,17 @@ CASES = [
     ("gap-no-pr-values", dict(layers=[GOOD] * 5, drop=("pr_q", "pr_k")),
      {"2-gap": NO_DATA, "2-slopes": NO_DATA}),
     # ---- claim 2 (slopes): sign tests on PR_Q up and PR_K down, each p < 0.05
-    ("slopes-5-of-5", dict(layers=[GOOD] * 5), {"2-slopes": HOLDS}),
-    ("slopes-4-of-4", dict(layers=[GOOD] * 4), {"2-slopes": NO_DATA}),  # n < 5, p = 1/16
+    # GOOD's PR_Q + PR_K rises (+0.14 - 0.04 per unit), so its collapse point is step 0 and
+    # the window from the collapse is the whole run: the same verdicts as from step 0
+    ("slopes-5-of-5", dict(layers=[GOOD] * 5), {"2-slopes": HOLDS, "2-slopes-collapse": HOLDS}),
+    ("slopes-4-of-4", dict(layers=[GOOD] * 4),  # n < 5, p = 1/16
+     {"2-slopes": NO_DATA, "2-slopes-collapse": NO_DATA}),
     # 7 of 8 PR_Q slopes up: p = 9/256 = 0.035 (just below 0.05)
     ("slopes-7-of-8", dict(layers=[GOOD] * 7 + [(-0.1, -0.04, 1.0)]), {"2-slopes": HOLDS}),
     # 6 of 7 up: p = 8/128 = 0.0625 (just above)
     ("slopes-6-of-7", dict(layers=[GOOD] * 6 + [(-0.1, -0.04, 1.0)]), {"2-slopes": FAILS}),
-    ("slopes-pr-k-expands", dict(layers=[(0.14, 0.04, 1.0)] * 5), {"2-slopes": FAILS}),
+    ("slopes-pr-k-expands", dict(layers=[(0.14, 0.04, 1.0)] * 5),
+     {"2-slopes": FAILS, "2-slopes-collapse": FAILS}),
     # ---- claim 3: Spearman CIs of PR_K with qk_erank and with entropy both above 0
     ("corr-3-trials", dict(layers=[GOOD] * 2, seeds=(0, 1, 2)), {"3": HOLDS}),
     ("corr-2-trials", dict(layers=[GOOD] * 2, seeds=(0, 1)), {"3": NO_DATA}),
@@ -138,6 +145,30 @@ CASES = [
     ("keys-no-arms", dict(layers=[GOOD] * 5), {"reality-check": NO_DATA, "4-shrink": NO_DATA}),
     ("keys-no-pr-wk", dict(layers=[GOOD], seeds=FIVE, arms={"shrink": [-0.3] * 5},
                            drop=("pr_wk",)), {"reality-check": NO_DATA}),
+    # ---- claim 4 and the reality check for the activation-site arm (shrink_act): the same
+    # directional rule; its reality check judges the key-activation PR_K in every seed
+    ("act-clear", dict(layers=[GOOD], seeds=FIVE,
+                       arms={"shrink_act": [-0.3, -0.2, -0.4, -0.3, -0.1]},
+                       key={"shrink_act": [-0.3] * 5}),
+     {"4-shrink_act": HOLDS, "reality-check-act": HOLDS}),
+    ("act-4-seeds", dict(layers=[GOOD], seeds=FIVE[:4], arms={"shrink_act": [-0.3] * 4},
+                         key={"shrink_act": [-0.3] * 4}), {"4-shrink_act": NO_DATA}),
+    ("act-just-below-0.95", dict(layers=[GOOD], seeds=FIVE, arms={"shrink_act": JUST_BELOW},
+                                 key={"shrink_act": [-0.3] * 5}),
+     {"4-shrink_act": FAILS}),
+    ("act-keys-one-seed-not-lower",
+     dict(layers=[GOOD], seeds=FIVE, arms={"shrink_act": [-0.3] * 5},
+          key={"shrink_act": [-0.3, -0.3, -0.3, -0.3, 0.05]},
+          wk_key={"shrink_act": [-0.3] * 5}),  # W_K lower in every seed: not its site
+     {"reality-check-act": FAILS, "4-shrink_act": HOLDS}),
+    # and the other way round: the keys lower in every seed, W_K higher in one
+    ("act-keys-lower-wk-not", dict(layers=[GOOD], seeds=FIVE, arms={"shrink_act": [-0.3] * 5},
+                                   key={"shrink_act": [-0.3] * 5},
+                                   wk_key={"shrink_act": [-0.3, -0.3, -0.3, -0.3, 0.05]}),
+     {"reality-check-act": HOLDS}),
+    ("act-no-pr-k", dict(layers=[GOOD], seeds=FIVE, arms={"shrink_act": [-0.3] * 5},
+                         key={"shrink_act": [-0.3] * 5}, drop=("pr_k",)),
+     {"reality-check-act": NO_DATA}),
     # ---- claim 5: a model with >= 5 checkpoints rises then decays
     ("pre-5-rise-decay", dict(layers=[GOOD], pretrained={"m/a": RISE_DECAY_5}), {"5": HOLDS}),
     ("pre-4-checkpoints", dict(layers=[GOOD], pretrained={"m/a": RISE_DECAY_5[:4]}),
@@ -181,7 +212,8 @@ def test_every_claim_has_every_verdict_in_the_matrix():
     for _, _, expected in CASES:
         for k, v in expected.items():
             seen.setdefault(k, set()).add(v)
-    claims = {"2-gap", "2-slopes", "3", "4-shrink", "4-hold", "reality-check", "5"}
+    claims = {"2-gap", "2-slopes", "2-slopes-collapse", "3", "4-shrink", "4-hold",
+              "reality-check", "4-shrink_act", "reality-check-act", "5"}
     assert set(seen) == claims
     for k in claims:
         assert seen[k] == {HOLDS, FAILS, NO_DATA}, k
