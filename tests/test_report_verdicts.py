@@ -26,9 +26,10 @@ STEPS, MAX_STEPS = [0, 5, 10], 10
 
 def study(url: str, *, layers: list[tuple[float, float, float]], seeds=(0,),
           ent_coef: float = 1.0, arms: dict[str, list[float]] | None = None,
-          key: dict[str, list[float]] | None = None, wk_key: dict[str, list[float]] | None = None,
-          drop: tuple[str, ...] = (),
-          pretrained: dict[str, list[tuple[int, float]]] | None = None) -> None:
+          key: dict[str, list[float]] | None = None, drop: tuple[str, ...] = (),
+          pretrained: dict[str, list[tuple[int, float]]] | None = None,
+          wk: dict[str, list[float]] | None = None,
+          path: list[tuple[float, float]] | None = None, steps: list[int] = STEPS) -> None:
     """A planted sweep "s".
 
     Baseline (arm none): one trial per seed, depth ``len(layers)``, init gaussian. Layer l,
@@ -37,25 +38,31 @@ def study(url: str, *, layers: list[tuple[float, float, float]], seeds=(0,),
     the given ones. qk_erank = 0.5 PR_K + 1, logit_erank = 0.3 PR_K + 2, entropy =
     2 + ent_coef PR_K / 100 (+ the arm's delta), pr_wk = 60 - 50 p.
     Arms: ``arms[arm][i]`` is seed i's entropy delta (arm - baseline, constant), and
-    ``key[arm][i]`` scales that seed's pr_wk and PR_K by 1 + key (``wk_key[arm][i]``, when
-    given, scales pr_wk instead, so the two sites can disagree).
+    ``key[arm][i]`` scales that seed's pr_wk and PR_K by 1 + key; ``wk[arm][i]``, if
+    given, scales pr_wk instead (so the two key measures can disagree).
+    ``path``: (PR_Q, PR_K) at each of ``steps``, the same in every layer, instead of the
+    linear trajectories (for the collapse window).
     ``drop``: metrics not written. ``pretrained``: model -> [(step, PR_Q - PR_K)].
     """
     from qkgeom.store import open_store
 
     arms = arms or {}
-    key = {"shrink": [-0.3] * len(seeds), "hold": [0.3] * len(seeds), **(key or {})}
+    key = {"shrink": [-0.3] * len(seeds), "hold": [0.3] * len(seeds),
+           "shrink_act": [-0.3] * len(seeds), **(key or {})}
+    wk = {**key, **(wk or {})}
 
     def values(arm: str, i: int, seed: int):
         d = arms[arm][i] if arm != "none" else 0.0
         kd = key[arm][i] if arm != "none" else 0.0
-        wd = (wk_key or {}).get(arm, key.get(arm, [0.0] * len(seeds)))[i] if arm != "none" else 0.0
+        wd = wk[arm][i] if arm != "none" else 0.0
 
         def f(step: int, layer: int) -> dict[str, float]:
             p = step / MAX_STEPS
             qs, ks, gap = layers[layer]
             pr_q = 20 + layer + qs * p
             pr_k0 = 20 + layer + qs - gap + ks * (p - 1)  # the baseline's
+            if path is not None:
+                pr_q, pr_k0 = path[steps.index(step)]
             pr_k = pr_k0 * (1 + kd)
             v = {"pr_q": pr_q, "pr_k": pr_k, "qk_erank": 0.5 * pr_k + 1,
                  "logit_erank": 0.3 * pr_k + 2, "entropy": 2 + ent_coef * pr_k0 / 100 + d,
@@ -67,7 +74,7 @@ def study(url: str, *, layers: list[tuple[float, float, float]], seeds=(0,),
     for arm in ["none", *arms]:
         trials += [dict(depth=len(layers), init="gaussian", arm=arm, seed=s,
                         values=values(arm, i, s)) for i, s in enumerate(seeds)]
-    write_trials(url, "s", trials, steps=STEPS, max_steps=MAX_STEPS)
+    write_trials(url, "s", trials, steps=steps, max_steps=MAX_STEPS)
     with open_store(url) as store:
         for model, points in (pretrained or {}).items():
             for step, gap in points:
@@ -94,6 +101,21 @@ FIVE = [0, 1, 2, 3, 4]
 # 0.95488 (above); the bootstrap's 10,000 means estimate it to about +-0.002
 JUST_BELOW, JUST_ABOVE = [-2, -1, -1, -1, 1], [-2, -2, -1, -1, 1]
 RISE_DECAY_5 = [(0, 0.0), (10, 1.0), (20, 2.0), (30, 1.5), (40, 1.0)]  # peak in the middle
+# Collapse-window trajectories: (PR_Q, PR_K) at progress 0, 0.2, 0.5, 0.8, 1. The collapse
+# point is the probe with the lowest PR_Q + PR_K at progress <= 0.5.
+PSTEPS = [0, 2, 5, 8, 10]
+# totals 60, 19, 19.5, 20, 20.5: collapse at 0.2. From step 0 the PR_Q slope is negative
+# (least squares: sum (p - 0.5)(y - 15.2) = -7.9); from 0.2 on PR_Q rises 10 -> 13 and
+# PR_K falls 9 -> 7.5, both linearly
+DIP_THEN_RISE = [(30, 30), (10, 9), (11, 8.5), (12, 8), (13, 7.5)]
+# totals 60, 40, 19, 22, 25: collapse exactly at the search limit 0.5, after which PR_Q
+# rises 10 -> 18 and PR_K falls 9 -> 7; from 0.2 the PR_Q slope would be negative
+# (sum (p - 0.625)(y - 15.5) = -0.55), from step 0 too (-7.8)
+COLLAPSE_AT_HALF = [(30, 30), (20, 20), (10, 9), (14, 8), (18, 7)]
+# totals 60, 19, 17, 9, 9.5: the lowest total is at 0.8, outside the search, so the
+# collapse is at 0.5, from where PR_Q falls (9, 5, 6: sum (p - 0.767)(y - 6.667) = -0.83);
+# from 0.8 (search ignored) PR_Q would rise 5 -> 6 and PR_K fall 4 -> 3.5
+LATE_MINIMUM = [(30, 30), (10, 9), (9, 8), (5, 4), (6, 3.5)]
 
 CASES = [
     # ---- claim 2 (gap): all trajectories positive at the final probe and p = 2^-n < 0.05
@@ -103,19 +125,29 @@ CASES = [
      dict(layers=[GOOD] * 14 + [(0.14, -0.04, -0.5)]), {"2-gap": FAILS}),
     ("gap-one-exact-zero", dict(layers=[GOOD] * 5 + [(0.14, -0.04, 0.0)]), {"2-gap": FAILS}),
     ("gap-no-pr-values", dict(layers=[GOOD] * 5, drop=("pr_q", "pr_k")),
-     {"2-gap": NO_DATA, "2-slopes": NO_DATA}),
+     {"2-gap": NO_DATA, "2-slopes": NO_DATA, "2-slopes-collapse": NO_DATA}),
     # ---- claim 2 (slopes): sign tests on PR_Q up and PR_K down, each p < 0.05
-    # GOOD's PR_Q + PR_K rises (+0.14 - 0.04 per unit), so its collapse point is step 0 and
-    # the window from the collapse is the whole run: the same verdicts as from step 0
-    ("slopes-5-of-5", dict(layers=[GOOD] * 5), {"2-slopes": HOLDS, "2-slopes-collapse": HOLDS}),
-    ("slopes-4-of-4", dict(layers=[GOOD] * 4),  # n < 5, p = 1/16
-     {"2-slopes": NO_DATA, "2-slopes-collapse": NO_DATA}),
+    ("slopes-5-of-5", dict(layers=[GOOD] * 5), {"2-slopes": HOLDS}),
+    ("slopes-4-of-4", dict(layers=[GOOD] * 4), {"2-slopes": NO_DATA}),  # n < 5, p = 1/16
     # 7 of 8 PR_Q slopes up: p = 9/256 = 0.035 (just below 0.05)
     ("slopes-7-of-8", dict(layers=[GOOD] * 7 + [(-0.1, -0.04, 1.0)]), {"2-slopes": HOLDS}),
     # 6 of 7 up: p = 8/128 = 0.0625 (just above)
     ("slopes-6-of-7", dict(layers=[GOOD] * 6 + [(-0.1, -0.04, 1.0)]), {"2-slopes": FAILS}),
-    ("slopes-pr-k-expands", dict(layers=[(0.14, 0.04, 1.0)] * 5),
-     {"2-slopes": FAILS, "2-slopes-collapse": FAILS}),
+    ("slopes-pr-k-expands", dict(layers=[(0.14, 0.04, 1.0)] * 5), {"2-slopes": FAILS}),
+    # ---- claim 2 (slopes from the collapse): same rule, each trajectory fitted from its
+    # collapse point; the linear GOOD trajectories collapse at step 0 (PR_Q + PR_K rises)
+    ("collapse-good-from-step-0", dict(layers=[GOOD] * 5),
+     {"2-slopes": HOLDS, "2-slopes-collapse": HOLDS}),
+    ("collapse-dip-then-rise", dict(layers=[GOOD] * 5, path=DIP_THEN_RISE, steps=PSTEPS),
+     {"2-slopes": FAILS, "2-slopes-collapse": HOLDS}),  # 5 of 5 up: p = 1/32
+    ("collapse-dip-then-rise-4", dict(layers=[GOOD] * 4, path=DIP_THEN_RISE, steps=PSTEPS),
+     {"2-slopes-collapse": NO_DATA}),  # 4 of 4 up: p = 1/16 and n < 5
+    ("collapse-at-search-limit", dict(layers=[GOOD] * 5, path=COLLAPSE_AT_HALF,
+                                      steps=PSTEPS),
+     {"2-slopes": FAILS, "2-slopes-collapse": HOLDS}),
+    ("collapse-late-minimum-ignored", dict(layers=[GOOD] * 5, path=LATE_MINIMUM,
+                                           steps=PSTEPS),
+     {"2-slopes": FAILS, "2-slopes-collapse": FAILS}),  # 0 of 5 up: p = 1
     # ---- claim 3: Spearman CIs of PR_K with qk_erank and with entropy both above 0
     ("corr-3-trials", dict(layers=[GOOD] * 2, seeds=(0, 1, 2)), {"3": HOLDS}),
     ("corr-2-trials", dict(layers=[GOOD] * 2, seeds=(0, 1)), {"3": NO_DATA}),
@@ -145,30 +177,31 @@ CASES = [
     ("keys-no-arms", dict(layers=[GOOD] * 5), {"reality-check": NO_DATA, "4-shrink": NO_DATA}),
     ("keys-no-pr-wk", dict(layers=[GOOD], seeds=FIVE, arms={"shrink": [-0.3] * 5},
                            drop=("pr_wk",)), {"reality-check": NO_DATA}),
-    # ---- claim 4 and the reality check for the activation-site arm (shrink_act): the same
-    # directional rule; its reality check judges the key-activation PR_K in every seed
+    # ---- claim 4, activation site (shrink_act): the same rule as 4-shrink; its reality
+    # check judges the key-activation PR_K (below the paired baseline in every seed), not
+    # W_K PR, which these rows move the other way (wk) where the two must disagree
     ("act-clear", dict(layers=[GOOD], seeds=FIVE,
                        arms={"shrink_act": [-0.3, -0.2, -0.4, -0.3, -0.1]},
-                       key={"shrink_act": [-0.3] * 5}),
+                       wk={"shrink_act": [0.1] * 5}),
      {"4-shrink_act": HOLDS, "reality-check-act": HOLDS}),
-    ("act-4-seeds", dict(layers=[GOOD], seeds=FIVE[:4], arms={"shrink_act": [-0.3] * 4},
-                         key={"shrink_act": [-0.3] * 4}), {"4-shrink_act": NO_DATA}),
-    ("act-just-below-0.95", dict(layers=[GOOD], seeds=FIVE, arms={"shrink_act": JUST_BELOW},
-                                 key={"shrink_act": [-0.3] * 5}),
+    ("act-4-seeds", dict(layers=[GOOD], seeds=FIVE[:4], arms={"shrink_act": [-0.3] * 4}),
+     {"4-shrink_act": NO_DATA}),
+    ("act-just-below-0.95", dict(layers=[GOOD], seeds=FIVE, arms={"shrink_act": JUST_BELOW}),
      {"4-shrink_act": FAILS}),
+    ("act-just-above-0.95", dict(layers=[GOOD], seeds=FIVE, arms={"shrink_act": JUST_ABOVE}),
+     {"4-shrink_act": HOLDS}),
+    # each arm is judged on its own trials: shrink sharpens, shrink_act softens
+    ("act-wrong-sign-beside-shrink", dict(layers=[GOOD], seeds=FIVE,
+                                          arms={"shrink": [-0.3] * 5,
+                                                "shrink_act": [0.2] * 5}),
+     {"4-shrink": HOLDS, "4-shrink_act": FAILS, "reality-check-act": HOLDS}),
+    # PR_K lower in 4 of 5 seeds (seed 4 up 5%) while W_K PR is lower in all 5
     ("act-keys-one-seed-not-lower",
      dict(layers=[GOOD], seeds=FIVE, arms={"shrink_act": [-0.3] * 5},
-          key={"shrink_act": [-0.3, -0.3, -0.3, -0.3, 0.05]},
-          wk_key={"shrink_act": [-0.3] * 5}),  # W_K lower in every seed: not its site
+          key={"shrink_act": [-0.3, -0.3, -0.3, -0.3, 0.05]}, wk={"shrink_act": [-0.3] * 5}),
      {"reality-check-act": FAILS, "4-shrink_act": HOLDS}),
-    # and the other way round: the keys lower in every seed, W_K higher in one
-    ("act-keys-lower-wk-not", dict(layers=[GOOD], seeds=FIVE, arms={"shrink_act": [-0.3] * 5},
-                                   key={"shrink_act": [-0.3] * 5},
-                                   wk_key={"shrink_act": [-0.3, -0.3, -0.3, -0.3, 0.05]}),
-     {"reality-check-act": HOLDS}),
-    ("act-no-pr-k", dict(layers=[GOOD], seeds=FIVE, arms={"shrink_act": [-0.3] * 5},
-                         key={"shrink_act": [-0.3] * 5}, drop=("pr_k",)),
-     {"reality-check-act": NO_DATA}),
+    ("act-keys-no-pr-k", dict(layers=[GOOD], seeds=FIVE, arms={"shrink_act": [-0.3] * 5},
+                              drop=("pr_k",)), {"reality-check-act": NO_DATA}),
     # ---- claim 5: a model with >= 5 checkpoints rises then decays
     ("pre-5-rise-decay", dict(layers=[GOOD], pretrained={"m/a": RISE_DECAY_5}), {"5": HOLDS}),
     ("pre-4-checkpoints", dict(layers=[GOOD], pretrained={"m/a": RISE_DECAY_5[:4]}),
@@ -201,10 +234,12 @@ def test_verdict_matrix(case, planted, expected, tmp_path):
     got = {k: claims[k]["verdict"] for k in expected}
     assert got == expected, {k: claims[k]["measured"] for k in expected}
     # the directional cases: the bootstrap's confidence is the exact resampling probability
-    if case.startswith("dir-") and "4-shrink" in expected and expected["4-shrink"] != NO_DATA:
-        deltas = planted["arms"]["shrink"]
-        dc = claims["4-shrink"]["numbers"]["directional_confidence"]
-        assert dc == pytest.approx(exact_directional(deltas, -1), abs=0.004)
+    for arm in ("shrink", "shrink_act"):
+        k = f"4-{arm}"
+        if case[:4] in ("dir-", "act-") and expected.get(k, NO_DATA) != NO_DATA:
+            deltas = planted["arms"][arm]
+            dc = claims[k]["numbers"]["directional_confidence"]
+            assert dc == pytest.approx(exact_directional(deltas, -1), abs=0.004)
 
 
 def test_every_claim_has_every_verdict_in_the_matrix():
@@ -213,7 +248,7 @@ def test_every_claim_has_every_verdict_in_the_matrix():
         for k, v in expected.items():
             seen.setdefault(k, set()).add(v)
     claims = {"2-gap", "2-slopes", "2-slopes-collapse", "3", "4-shrink", "4-hold",
-              "reality-check", "4-shrink_act", "reality-check-act", "5"}
+              "4-shrink_act", "reality-check", "reality-check-act", "5"}
     assert set(seen) == claims
     for k in claims:
         assert seen[k] == {HOLDS, FAILS, NO_DATA}, k
