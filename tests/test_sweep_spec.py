@@ -203,23 +203,34 @@ def test_every_study_file_validates(path):
     r = CliRunner().invoke(main, ["sweep", "--dry-run", "--spec", str(path)])
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
-    assert d["n_trials"] == len(plan.trials) and d["n_after_baselines"] == 10
+    grid_only = path.stem.endswith("-grid")
+    assert d["n_trials"] == len(plan.trials)
+    assert d["n_after_baselines"] == (0 if grid_only else 10)
 
 
 def test_ladder_varies_only_width_context_and_lr():
-    ladder = [plan_from(spec_file=p) for p in STUDIES if p.name.startswith("ladder-")]
-    cells = set()
+    ladder = [(p, plan_from(spec_file=p)) for p in STUDIES if p.name.startswith("ladder-")]
+    cells, grid_cells = set(), set()
     shapes = set()
-    for plan in ladder:
+    cpu = {t.key: t.config for t in plan_from("cpu").trials}
+    cpu_grid = {k for k, c in cpu.items() if c["arm"] == "none"
+                and not (c["n_layer"] == 4 and c["init"] == "gaussian" and c["seed"] > 1)}
+    assert len(cpu_grid) == 18  # depths 2-4 x three inits x seeds 0, 1
+    for path, plan in ladder:
         c = plan.trials[0].config
-        cells.add((c["n_embd"], c["block_size"], c["lr"]))
         assert c["min_lr"] == pytest.approx(c["lr"] / 10)
-        # everything but the factors is the cpu study's design
-        cpu = {t.key: t.config for t in plan_from("cpu").trials}
-        assert {t.key for t in plan.trials} == set(cpu)
+        # everything but the factors is the cpu study's design (a -grid file: its grid)
+        keys = {t.key for t in plan.trials}
+        if path.stem.endswith("-grid"):
+            grid_cells.add((c["n_embd"], c["block_size"], c["lr"]))
+            assert keys == cpu_grid
+        else:
+            cells.add((c["n_embd"], c["block_size"], c["lr"]))
+            assert keys == set(cpu)
+            shapes.add(len(plan.trials))
         for t in plan.trials:
             diff = {k for k in t.config if t.config[k] != cpu[t.key][k]}
             assert diff <= {"n_embd", "block_size", "lr", "min_lr"}, (plan.name, t.key, diff)
-        shapes.add(len(plan.trials))
-    assert cells == {(e, e, lr) for e in (64, 96, 128) for lr in (1e-3, 3e-3)}
+    assert cells == {(e, e, lr) for e in (48, 64, 96, 128) for lr in (1e-3, 3e-3)}
+    assert grid_cells == {(96, 96, lr) for lr in (1e-3, 3e-3)}
     assert shapes == {36}
