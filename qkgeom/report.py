@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import html
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from qkgeom import analysis as A
 from qkgeom.errors import QkgeomError
+from qkgeom.records import to_jsonable
 
 HOLDS, FAILS, NO_DATA = "holds", "does not hold", "not enough data"
 ALPHA = 0.05  # one-sided significance level for sign tests and CI-based verdicts
@@ -675,19 +675,7 @@ def build_report(store: Any, sweep: str, out_dir: str | Path, *, seed: int = 0,
 
     data = {"sweep": sweep, "seed": seed, "n_boot": n_boot, "finished_only": fin,
             "scale": scale, "rules": RULES, "claims": [c.__dict__ for c in claims]}
-    (out / "report.json").write_text(json.dumps(_json_safe(data), indent=2, allow_nan=False),
+    (out / "report.json").write_text(json.dumps(to_jsonable(data), indent=2, allow_nan=False),
                                      encoding="utf-8")
     written.append(out / "report.json")
     return sorted(written)
-
-
-def _json_safe(v: Any) -> Any:
-    if isinstance(v, dict):
-        return {str(k): _json_safe(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_json_safe(x) for x in v]
-    if hasattr(v, "item") and not isinstance(v, (str, bytes)):
-        v = v.item()
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    return v

@@ -24,30 +24,15 @@ from typing import Any
 
 import numpy as np
 
+from qkgeom.records import to_jsonable
+
 # The paper asks for B >= 10,000 bootstrap resamples for directional confidence.
 MIN_BOOT_DIRECTIONAL = 10_000
 
 
-def _plain(v: Any) -> Any:
-    """Turn numpy scalars/arrays (possibly nested in lists/dicts) into Python values."""
-    if isinstance(v, dict):
-        return {k: _plain(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_plain(x) for x in v]
-    if isinstance(v, np.ndarray):
-        return [_plain(x) for x in v.tolist()]
-    if isinstance(v, np.integer):
-        return int(v)
-    if isinstance(v, (np.floating, float)):
-        return float(v)
-    if isinstance(v, np.bool_):
-        return bool(v)
-    return v
-
-
 class _ToDict:
     def to_dict(self) -> dict[str, Any]:
-        return _plain(asdict(self))  # type: ignore[call-overload]
+        return to_jsonable(asdict(self), finite=False)  # type: ignore[call-overload]
 
 
 def _finite(x: Any) -> tuple[np.ndarray, int]:
