@@ -56,12 +56,14 @@ class TrialInfo:
 class Reads(StoreBase):
     """Reads of results (part of :class:`~qkgeom.store.Store`)."""
 
-    def sql(self, query: str, params: dict | None = None) -> Any:
+    def sql(self, query: str | Any, params: dict | None = None) -> Any:
         """Run one query and return a polars DataFrame.
 
         Without ``params`` the SQL goes to the database verbatim (``%`` and ``:x`` mean
         nothing special); with ``params`` it is a SQLAlchemy ``text()`` with ``:name``
-        bind parameters. Float NULLs are NaNs (see docs/schema.md); they stay null here.
+        bind parameters. ``query`` may also be a SQLAlchemy statement, e.g. a ``text()``
+        with expanding bind parameters for IN lists (:mod:`qkgeom.store.queries`). Float
+        NULLs are NaNs (see docs/schema.md); they stay null here.
         """
         with self._read() as conn:
             result = run_query(conn, query, params)
