@@ -221,11 +221,12 @@ class Study:
     def claims(self, *, seed: int = 0, n_boot: int = 10_000,
                finished_only: bool = True) -> list[Any]:
         """Every claim of the paper with its verdict on the data stored now (what
-        ``qkgeom report`` prints): a list of :class:`qkgeom.report.Claim`."""
-        from qkgeom.report import compute_claims
+        ``qkgeom report`` prints): a list of :class:`qkgeom.claims.Claim`
+        (also importable as ``qkgeom.report.Claim``)."""
+        from qkgeom.claims import compute_claims
 
         return compute_claims(self.store, self.name, seed=seed, n_boot=n_boot,
-                              finished_only=finished_only)[0]
+                              finished_only=finished_only).claims
 
     def report(self, out_dir: str, **kw: Any) -> list[Any]:
         """Write the report files (``qkgeom report --out out_dir``); their paths."""
