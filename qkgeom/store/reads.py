@@ -246,6 +246,7 @@ class Reads(StoreBase):
                          for c in table.columns])
             schema = {c.name: polars_type(c.type) for c in table.columns}
         else:
+            # a view name from the fixed VIEWS list (identifiers cannot be bound)
             q, schema = text(f"SELECT * FROM {name}"), None
         tmp = path.with_name(path.name + ".tmp")
         writer = None

@@ -91,6 +91,7 @@ class ResultWrites(StoreBase):
         conn.exec_driver_sql(sql, rows)
 
     def _pg_copy_upsert(self, conn: Any, rows: list[tuple]) -> None:
+        # the SQL below is built from the METRIC_COLUMNS names only; values go through COPY
         cols = ", ".join(METRIC_COLUMNS)
         dbapi = conn.connection.dbapi_connection
         with dbapi.cursor() as cur:
