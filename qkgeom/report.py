@@ -121,6 +121,7 @@ def _design(store: Store, sweep: str, fin: bool) -> tuple[str, list[dict[str, An
                    + ("terminated trials only." if fin else "all trials, finished or not."))
     return design_text, design
 
+
 # The paper's side of the scale table (PAPER.md; "reconstructed" = our best reading, the
 # values of the paper preset where the abstract is silent).
 PAPER_SCALE = {
@@ -214,6 +215,8 @@ th{background:#f3f3f3;text-align:left} td.num{text-align:right;font-variant-nume
 .v-not{background:#f6f0d8;font-weight:600} figure{margin:1em 0} figcaption{color:#555}
 code{background:#f5f5f5;padding:0 .2em} figure svg{max-width:100%;height:auto}
 """
+
+
 def _verdict_class(v: str) -> str:
     return {HOLDS: "v-holds", FAILS: "v-does"}.get(v, "v-not")
 

@@ -23,10 +23,6 @@ PREDICTED_SIGN = {"shrink": -1, "shrink_act": -1, "hold": 1}
 class AnalysisError(QkgeomError):
     """The database lacks the data a statistic needs."""
 
-def nan_for_null(df: pl.DataFrame, col: str = "value") -> pl.DataFrame:
-    # The store writes NaN as NULL; numpy wants NaN.
-    return df.with_columns(pl.col(col).cast(pl.Float64).fill_null(float("nan")))
-
 
 def wide(df: pl.DataFrame, metrics: list[str], index: list[str]) -> pl.DataFrame:
     """Long metric rows to one column per metric (missing combinations dropped)."""
@@ -41,6 +37,7 @@ def require_rows(df: pl.DataFrame, sweep: str, metrics: list[str], what: str) ->
     if df.height == 0:
         raise AnalysisError(f"sweep {sweep!r} has no layer-level {' and '.join(metrics)} "
                             f"values for {what}; were the trials probed (probe_every)?")
+
 
 def unit_keys(level: str) -> list[str]:
     return ["depth", "init", "layer"] + (["trial_id", "seed"] if level == "run" else [])

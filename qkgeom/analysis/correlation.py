@@ -93,8 +93,8 @@ def correlate(store: Store, sweep: str, *, x: str, y: str, n_boot: int = 1000, s
     # The bootstraps (overall, then one per depth) are independent, each with its own
     # seeded generator, so they run on two threads (numpy releases the GIL in the
     # per-resample array work); results do not depend on the scheduling.
-    jobs = [(pts, make_rng(seed))] + ([(part, make_rng(seed, int(depth))) for (depth,), part in parts]
-                                  if depth_ci else [])
+    jobs = [(pts, make_rng(seed))] + (
+        [(part, make_rng(seed, int(depth))) for (depth,), part in parts] if depth_ci else [])
     with ThreadPoolExecutor(max_workers=min(2, os.cpu_count() or 1)) as ex:
         cis = list(ex.map(lambda j: stats.spearman_ci(
             j[0][x].to_numpy(), j[0][y].to_numpy(), clusters=j[0]["trial_id"].to_numpy(),

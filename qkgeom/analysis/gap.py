@@ -45,7 +45,8 @@ def pr_gap_units(store: Store, sweep: str, *, level: str = "trajectory",
                        finished_only=finished_only)
     ids = t["trial_id"].to_list()
     rows = (layer_values(store, ids, ["pr_q", "pr_k"]) if values is None else
-            values.filter(pl.col("trial_id").is_in(ids) & pl.col("metric").is_in(["pr_q", "pr_k"])))
+            values.filter(pl.col("trial_id").is_in(ids)
+                          & pl.col("metric").is_in(["pr_q", "pr_k"])))
     w = wide(rows, ["pr_q", "pr_k"], ["trial_id", "step", "progress", "layer"])
     require_rows(w, sweep, ["pr_q", "pr_k"], f"arm {arm!r}")
     w = w.join(t.select("trial_id", "depth", "init", "seed"), on="trial_id")

@@ -23,6 +23,7 @@ def run_query(conn: Any, query: Any, params: dict | None) -> Any:
 
     return conn.execute(text(query), params)
 
+
 def result_frame(result: Any) -> Any:
     """A polars DataFrame from a SQLAlchemy result (types inferred from all rows)."""
     import polars as pl

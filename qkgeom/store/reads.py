@@ -200,7 +200,8 @@ class Reads(StoreBase):
         recs = {
             r.step: ProbeRecord(
                 step=r.step, progress=loaded_float(r.progress), tokens=int(r.tokens),
-                train_loss=loaded_float(r.train_loss), val_loss=loaded_float(r.val_loss), lr=loaded_float(r.lr),
+                train_loss=loaded_float(r.train_loss), val_loss=loaded_float(r.val_loss),
+                lr=loaded_float(r.lr),
                 tokens_per_s=loaded_float(r.tokens_per_s),
             )
             for r in prows
@@ -213,7 +214,8 @@ class Reads(StoreBase):
             i = bisect.bisect_left(order, r.step)
             if i < len(order):
                 recs[order[i]].history.append(StepRecord(
-                    step=r.step, train_loss=loaded_float(r.train_loss), val_loss=loaded_float(r.val_loss),
+                    step=r.step, train_loss=loaded_float(r.train_loss),
+                    val_loss=loaded_float(r.val_loss),
                     lr=loaded_float(r.lr), tokens_per_s=loaded_float(r.tokens_per_s)))
         return [recs[s] for s in order]
 

@@ -39,7 +39,8 @@ class ResultWrites(StoreBase):
             progress = stored_float(rec.progress)
             probes[step] = dict(
                 trial_id=trial_id, step=step, progress=progress, tokens=int(rec.tokens),
-                train_loss=stored_float(rec.train_loss), val_loss=stored_float(rec.val_loss), lr=stored_float(rec.lr),
+                train_loss=stored_float(rec.train_loss), val_loss=stored_float(rec.val_loss),
+                lr=stored_float(rec.lr),
                 tokens_per_s=stored_float(rec.tokens_per_s),
             )
             for layer, head, name, value in rec.metrics:
@@ -179,5 +180,6 @@ class ResultWrites(StoreBase):
 
 def step_row(trial_id: int, h: StepRecord) -> dict:
     return dict(trial_id=trial_id, step=int(h.step), train_loss=stored_float(h.train_loss),
-                val_loss=stored_float(h.val_loss), lr=stored_float(h.lr), tokens_per_s=stored_float(h.tokens_per_s))
+                val_loss=stored_float(h.val_loss), lr=stored_float(h.lr),
+                tokens_per_s=stored_float(h.tokens_per_s))
 
