@@ -9,6 +9,7 @@ Values may be non-finite (NaN, inf); storage keeps them faithfully.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -94,3 +95,22 @@ class TrialResult:
     data_note: str  # e.g. "trained on wiki.valid.raw, evaluated on wiki.test.raw"
     n_params: int
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+def to_jsonable(v: Any, *, finite: bool = True) -> Any:
+    """``v`` as plain JSON data: dicts (keys as text), lists (from tuples and numpy arrays)
+    and Python scalars (from numpy scalars). With ``finite`` NaN and +-inf become None, as
+    strict JSON (``allow_nan=False``) needs; without it they stay floats (the statistics'
+    ``to_dict`` keeps NaN). The one JSON cleaner of stats, report and ``qkgeom stats``."""
+    if isinstance(v, dict):
+        return {k if isinstance(k, str) else str(k): to_jsonable(x, finite=finite)
+                for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [to_jsonable(x, finite=finite) for x in v]
+    if hasattr(v, "tolist") and not isinstance(v, (str, bytes)):  # numpy scalar or array
+        v = v.tolist()
+        if isinstance(v, list):
+            return [to_jsonable(x, finite=finite) for x in v]
+    if isinstance(v, float):
+        return None if finite and not math.isfinite(v) else float(v)
+    return v

@@ -34,11 +34,10 @@ import ipaddress
 import json
 import math
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
 import polars as pl
@@ -49,8 +48,12 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from qkgeom import analysis as A
+from qkgeom.background import Failed, Jobs
 from qkgeom.errors import QkgeomError
 from qkgeom.study import FINISHED, Study
+
+if TYPE_CHECKING:
+    from qkgeom.store import Store
 
 DEFAULT_PORT = 8765
 DEFAULT_REFRESH_S = 5
@@ -152,85 +155,17 @@ def _message(status: int, text: str) -> HTMLResponse:
 # --------------------------------------------------------------------------- the app
 
 
-class _Jobs:
-    """Results computed in background threads, kept per key with the data version they
-    were computed on. A request asks for (key, version): the result for that version if
-    there is one; otherwise a computation starts (one per key at a time) and the request
-    waits up to ``wait_s`` for it, then gets the newest older result (``fresh`` False) or
-    None. So a slow verdict never holds a page for long, and a page shows the last
-    verdicts while new ones are computed. A key is recomputed at most once per
-    ``min_interval_s`` (counted from the end of its last computation), so readers of a
-    sweep that writes all the time do not keep the CPUs busy."""
-
-    def __init__(self, wait_s: float, min_interval_s: float = 0.0) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        self.wait_s = wait_s
-        self.min_interval_s = min_interval_s
-        self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="qkgeom-serve")
-        self.latest: dict[Any, tuple[Any, Any, float]] = {}  # version, value, done at
-        self.running: dict[Any, tuple[Any, Any]] = {}
-        self.lock = threading.Lock()
-
-    def _run(self, key: Any, version: Any, make: Callable[[], Any]) -> None:
-        try:
-            value = make()
-        except Exception as e:  # shown on the page as one line, never a traceback
-            value = _Failed(f"{type(e).__name__}: {e}".splitlines()[0])
-        with self.lock:
-            self.latest[key] = (version, value, time.monotonic())
-            self.running.pop(key, None)
-
-    def get(self, key: Any, version: Any, make: Callable[[], Any], *,
-            wait_s: float | None = None) -> tuple[Any, bool]:
-        """(value or None, fresh); ``wait_s`` None: this object's default, inf: block."""
-        with self.lock:
-            have = self.latest.get(key)
-            if have is not None and have[0] == version:
-                return have[1], True
-            run = self.running.get(key)
-            if run is None and have is not None and \
-                    time.monotonic() - have[2] < self.min_interval_s:
-                return have[1], False  # computed recently enough: keep it for now
-            if run is None:
-                fut = self.pool.submit(self._run, key, version, make)
-                self.running[key] = (version, fut)
-            else:
-                fut = run[1] if run[0] == version else None
-        wait = self.wait_s if wait_s is None else wait_s
-        if fut is not None and wait > 0:
-            from concurrent.futures import TimeoutError as FutureTimeout
-
-            try:
-                fut.result(timeout=None if math.isinf(wait) else wait)
-            except FutureTimeout:
-                pass
-        with self.lock:
-            have = self.latest.get(key)
-        if have is None:
-            return None, False
-        return have[1], have[0] == version
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
-
-
-class _Failed:
-    def __init__(self, message: str) -> None:
-        self.message = message
-
-
 class Server:
     """The state behind the routes: one read-only store shared by every request."""
 
-    def __init__(self, store: Any, *, refresh: int = DEFAULT_REFRESH_S, seed: int = 0,
+    def __init__(self, store: Store, *, refresh: int = DEFAULT_REFRESH_S, seed: int = 0,
                  n_boot: int = 10_000, wait_s: float = 1.0,
                  update_every_s: float = 30.0) -> None:
         self.store = store
         self.refresh = refresh
         self.seed = seed
         self.n_boot = n_boot
-        self.jobs = _Jobs(wait_s, update_every_s)
+        self.jobs = Jobs(wait_s, update_every_s)
 
     # ------------------------------------------------------------------ helpers
     def study(self, name: str) -> Study:
@@ -350,26 +285,27 @@ class Server:
             return max(0.0, deadline - time.monotonic())
 
         prog = st.progress()
-        provisional = not prog["finished"]
         q = dict(req.query_params)
         q.pop("token", None)
 
         def link(**kw: Any) -> str:
             return "?" + urlencode({**q, **{k: v for k, v in kw.items()}})
 
+        out = [_sweep_header(st, prog), "<h2>Trials</h2>",
+               self._trial_table(trials, sort, desc, link),
+               self._chart_section(st, version, metric, view, q, wait_s=left()),
+               _arms_section(st.arms()),
+               self._claims_section(st, version, unfinished, not prog["finished"], link,
+                                    wait_s=left()),
+               self._pretrained_section(st, version, wait_s=left()),
+               f"<p class='note'>{_reload_note(refresh)}</p>"]
+        return HTMLResponse(page(f"qkgeom: {st.name}", "".join(out), refresh=refresh))
+
+    def _chart_section(self, st: Study, version: Any, metric: str, view: str,
+                       query: dict[str, str], *, wait_s: float) -> str:
+        """The trajectories: a metric/view form, the chart (or why there is none yet) and
+        the download links."""
         name = _e(quote(st.name, safe=""))
-        out = [f"<nav><a href='/'>all sweeps</a><a href='/sweeps/{name}/report.html'>report"
-               f"</a><a href='/sweeps/{name}/trials.csv'>trials.csv</a>"
-               f"<a href='/sweeps/{name}/trials.parquet'>trials.parquet</a>"
-               f"<a href='/sweeps/{name}/claims.json'>claims.json</a></nav>",
-               f"<h1>sweep {_e(st.name)}</h1>",
-               f"<p id='progress'><progress value='{prog['fraction']:.4f}' max='1'></progress> "
-               f"{prog['fraction']:.1%} of training done; {prog['n_trials']} trials: "
-               f"{_e(_counts(prog['status']))}"
-               + ("" if not provisional else " (study running or incomplete: verdicts are "
-                  "provisional)") + "</p>",
-               "<h2>Trials</h2>", self._trial_table(trials, sort, desc, link)]
-        # trajectories
         opts = "".join(f"<option value='{_e(m)}'{' selected' if m == metric else ''}>"
                        f"{_e('PR_Q and PR_K' if m == PRQK else m)}</option>"
                        for m in [PRQK, *st.metrics()])
@@ -377,61 +313,59 @@ class Server:
                         f"{'mean over seeds' if v == 'mean' else 'per trial (seed)'}</option>"
                         for v in VIEWS)
         keep = "".join(f"<input type='hidden' name='{_e(k)}' value='{_e(v)}'>"
-                       for k, v in q.items() if k not in ("metric", "view"))
-        got, fresh = self.chart_svg(st, version, metric, view, wait_s=left())
+                       for k, v in query.items() if k not in ("metric", "view"))
+        got, fresh = self.chart_svg(st, version, metric, view, wait_s=wait_s)
         svg, note = got if isinstance(got, tuple) else ("", _pending(got))
         data_q = urlencode({"metric": metric, "view": view})
-        out += ["<h2>Trajectories</h2>",
-                f"<form method='get' id='chart-form'>{keep}<label>metric <select name='metric'>"
-                f"{opts}</select></label> <label>view <select name='view'>{vopts}</select>"
-                "</label> <button type='submit'>show</button></form>",
-                (f"<figure id='chart'>{svg}</figure>" if svg else
-                 f"<p class='note' id='chart-note'>No chart yet: {_e(note)}</p>")
-                + ("" if fresh else "<p class='note updating' id='chart-stale'>Drawn from an "
-                   "earlier state of the database; redrawn at most every "
-                   f"{self.jobs.min_interval_s:g} s.</p>"),
-                f"<p class='note'>Baseline arm, every trial (finished or not). Download: "
-                f"<a href='/sweeps/{name}/trajectories.csv?{_e(data_q)}'>data (CSV)</a>, "
-                f"<a href='/sweeps/{name}/chart.svg?{_e(data_q)}'>chart (SVG)</a></p>"]
-        arms = st.arms()
-        if arms.height:
-            out += ["<h2>Arms beside their baselines</h2><p class='note'>Latest probe, mean "
-                    "over layers; pr_wk = achieved W_K weight PR, pr_k = key PR_K; baseline_* "
-                    "= the arm-none trial of the same depth, init and seed.</p>",
-                    html_table(arms.to_dicts(), table_id="arms")]
-        # claims
-        claims, fresh = self.claims(st, version, unfinished, wait_s=left())
+        return "".join([
+            "<h2>Trajectories</h2>",
+            f"<form method='get' id='chart-form'>{keep}<label>metric <select name='metric'>"
+            f"{opts}</select></label> <label>view <select name='view'>{vopts}</select>"
+            "</label> <button type='submit'>show</button></form>",
+            (f"<figure id='chart'>{svg}</figure>" if svg else
+             f"<p class='note' id='chart-note'>No chart yet: {_e(note)}</p>")
+            + ("" if fresh else "<p class='note updating' id='chart-stale'>Drawn from an "
+               "earlier state of the database; redrawn at most every "
+               f"{self.jobs.min_interval_s:g} s.</p>"),
+            f"<p class='note'>Baseline arm, every trial (finished or not). Download: "
+            f"<a href='/sweeps/{name}/trajectories.csv?{_e(data_q)}'>data (CSV)</a>, "
+            f"<a href='/sweeps/{name}/chart.svg?{_e(data_q)}'>chart (SVG)</a></p>"])
+
+    def _claims_section(self, st: Study, version: Any, unfinished: bool, provisional: bool,
+                        link: Callable[..., str], *, wait_s: float) -> str:
+        """The claims with their verdicts (marked provisional or earlier), or a note."""
+        claims, fresh = self.claims(st, version, unfinished, wait_s=wait_s)
         mark = " <span class='provisional'>(provisional)</span>" if provisional else ""
         if not fresh:  # computed on an earlier state of the data
             mark += " <span class='provisional'>(earlier data)</span>"
         which = ("all trials, finished or not" if unfinished else "finished trials only")
-        out += ["<h2>Claims and verdicts</h2>",
-                f"<p class='note'>Computed on {which} (the code of <code>qkgeom report"
-                f"</code>). <a href='{_e(link(unfinished=0 if unfinished else 1))}'>"
-                f"{'finished trials only' if unfinished else 'include unfinished trials'}"
-                "</a></p>"]
-        if isinstance(claims, list):
-            rows = "".join(
-                f"<tr><td>{_e(c.key)}</td><td>{_e(c.paper)}</td><td>{_e(c.measured)}</td>"
-                f"<td class='{_verdict_class(c.verdict)}'>{_e(c.verdict)}{mark}</td></tr>"
-                for c in claims)
-            out.append("<table id='claims'><thead><tr><th>claim</th><th>paper</th>"
-                       f"<th>measured</th><th>verdict</th></tr></thead><tbody>{rows}</tbody>"
-                       "</table>")
-            if not fresh:
-                out.append("<p class='note updating' id='claims-stale'>These verdicts are "
-                           "from an earlier state of the database; they are recomputed at "
-                           f"most every {self.jobs.min_interval_s:g} s (--update-every)."
-                           "</p>")
-        else:
-            out.append(f"<p class='note' id='claims-note'>{_e(_pending(claims))}</p>")
-        pre, _ = self.trends(st, version, wait_s=left())
-        if isinstance(pre, list) and pre:
-            out += ["<h2>Pretrained models</h2><p class='note'>Trend of PR_Q - PR_K over each "
-                    "model's checkpoints (Spearman vs step, peak).</p>",
-                    html_table(pre, table_id="pretrained")]
-        out.append(f"<p class='note'>{_reload_note(refresh)}</p>")
-        return HTMLResponse(page(f"qkgeom: {st.name}", "".join(out), refresh=refresh))
+        out = ["<h2>Claims and verdicts</h2>",
+               f"<p class='note'>Computed on {which} (the code of <code>qkgeom report"
+               f"</code>). <a href='{_e(link(unfinished=0 if unfinished else 1))}'>"
+               f"{'finished trials only' if unfinished else 'include unfinished trials'}"
+               "</a></p>"]
+        if not isinstance(claims, list):
+            return "".join(out) + f"<p class='note' id='claims-note'>{_e(_pending(claims))}</p>"
+        rows = "".join(
+            f"<tr><td>{_e(c.key)}</td><td>{_e(c.paper)}</td><td>{_e(c.measured)}</td>"
+            f"<td class='{_verdict_class(c.verdict)}'>{_e(c.verdict)}{mark}</td></tr>"
+            for c in claims)
+        out.append("<table id='claims'><thead><tr><th>claim</th><th>paper</th>"
+                   f"<th>measured</th><th>verdict</th></tr></thead><tbody>{rows}</tbody>"
+                   "</table>")
+        if not fresh:
+            out.append("<p class='note updating' id='claims-stale'>These verdicts are "
+                       "from an earlier state of the database; they are recomputed at "
+                       f"most every {self.jobs.min_interval_s:g} s (--update-every).</p>")
+        return "".join(out)
+
+    def _pretrained_section(self, st: Study, version: Any, *, wait_s: float) -> str:
+        pre, _ = self.trends(st, version, wait_s=wait_s)
+        if not (isinstance(pre, list) and pre):
+            return ""
+        return ("<h2>Pretrained models</h2><p class='note'>Trend of PR_Q - PR_K over each "
+                "model's checkpoints (Spearman vs step, peak).</p>"
+                + html_table(pre, table_id="pretrained"))
 
     def _trial_table(self, trials: pl.DataFrame, sort: str, desc: bool,
                      link: Callable[..., str]) -> str:
@@ -508,8 +442,33 @@ class Server:
         return HTMLResponse(text)
 
 
+def _sweep_header(st: Study, prog: dict[str, Any]) -> str:
+    """Navigation, title and the progress line of a sweep's page."""
+    name = _e(quote(st.name, safe=""))
+    provisional = not prog["finished"]
+    return (f"<nav><a href='/'>all sweeps</a><a href='/sweeps/{name}/report.html'>report"
+            f"</a><a href='/sweeps/{name}/trials.csv'>trials.csv</a>"
+            f"<a href='/sweeps/{name}/trials.parquet'>trials.parquet</a>"
+            f"<a href='/sweeps/{name}/claims.json'>claims.json</a></nav>"
+            f"<h1>sweep {_e(st.name)}</h1>"
+            f"<p id='progress'><progress value='{prog['fraction']:.4f}' max='1'></progress> "
+            f"{prog['fraction']:.1%} of training done; {prog['n_trials']} trials: "
+            f"{_e(_counts(prog['status']))}"
+            + ("" if not provisional else " (study running or incomplete: verdicts are "
+               "provisional)") + "</p>")
+
+
+def _arms_section(arms: pl.DataFrame) -> str:
+    if not arms.height:
+        return ""
+    return ("<h2>Arms beside their baselines</h2><p class='note'>Latest probe, mean "
+            "over layers; pr_wk = achieved W_K weight PR, pr_k = key PR_K; baseline_* "
+            "= the arm-none trial of the same depth, init and seed.</p>"
+            + html_table(arms.to_dicts(), table_id="arms"))
+
+
 def _pending(got: Any) -> str:
-    if isinstance(got, _Failed):
+    if isinstance(got, Failed):
         return f"could not compute it: {got.message}"
     return "being computed (this page reloads by itself)"
 

@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
 from qkgeom import analysis as A
 from qkgeom.errors import QkgeomError
+from qkgeom.store import queries as Q
+
+if TYPE_CHECKING:
+    from qkgeom.store import Store
 
 FINISHED = "terminated"
 CHART_KINDS = ("trajectories", "metric", "intervention", "correlation")
@@ -40,7 +44,7 @@ def open_study(db: str | None = None, sweep: str | None = None) -> Study:
     store = open_store(db, create=False, readonly=True)
     try:
         name = A.resolve_sweep(store, sweep)
-    except BaseException:
+    except BaseException:  # the study owns the store from here on; until then, we do
         store.close()
         raise
     return Study(store, name, owns_store=True)
@@ -57,7 +61,7 @@ class Study:
     """One sweep of an open store. Built by :func:`open_study` (or by the server, which
     shares one store between requests: ``Study(store, name)``)."""
 
-    def __init__(self, store: Any, sweep: str, *, owns_store: bool = False) -> None:
+    def __init__(self, store: Store, sweep: str, *, owns_store: bool = False) -> None:
         self.store = store
         self.name = sweep
         self.sweep_id = store.require_sweep(sweep)
@@ -80,16 +84,7 @@ class Study:
     def version(self) -> tuple[Any, ...]:
         """A cheap fingerprint of the sweep's stored data: it changes when a probe is
         written or a trial changes status (the server caches verdicts and charts on it)."""
-        p = self.store.sql(
-            "SELECT COUNT(*) AS n, COALESCE(SUM(p.step), 0) AS s FROM probes p "
-            "JOIN trials t ON t.id = p.trial_id WHERE t.sweep_id = :s", {"s": self.sweep_id})
-        t = self.store.sql("SELECT id, status, attempts FROM trials WHERE sweep_id = :s "
-                           "ORDER BY id", {"s": self.sweep_id})
-        try:
-            n_pre = int(self.store.sql("SELECT COUNT(*) AS n FROM pretrained_runs")["n"][0])
-        except QkgeomError:
-            n_pre = 0
-        return (int(p["n"][0]), int(p["s"][0]), tuple(t.iter_rows()), n_pre)
+        return Q.data_version(self.store, self.sweep_id)
 
     # ------------------------------------------------------------------ frames
     def trials(self) -> pl.DataFrame:
@@ -98,11 +93,7 @@ class Study:
         val_loss (at the latest probe), test_loss (once finished), host, device, error (the
         last line of the trial's error text)."""
         t = self.store.trials(self.name)
-        last = self.store.sql(
-            "SELECT p.trial_id, p.step, p.val_loss FROM probes p JOIN "
-            "(SELECT q.trial_id, MAX(q.step) AS step FROM probes q JOIN trials t "
-            "ON t.id = q.trial_id WHERE t.sweep_id = :s GROUP BY q.trial_id) m "
-            "ON m.trial_id = p.trial_id AND m.step = p.step", {"s": self.sweep_id})
+        last = Q.latest_probes(self.store, self.sweep_id)
         by = {int(r[0]): (r[1], r[2]) for r in last.iter_rows()}
         rows = []
         for r in t.iter_rows(named=True):
@@ -150,17 +141,8 @@ class Study:
         counts unless ``finished_only``; ``arm`` keeps one arm.
         """
         metric = A.check_metric(self.store, metric)
-        q = ("SELECT trial_id, depth, init, arm, seed, status, step, progress, layer, value "
-             "FROM v_layer_metrics WHERE sweep_id = :s AND metric = :m")
-        params: dict[str, Any] = {"s": self.sweep_id, "m": metric}
-        if arm is not None:
-            q += " AND arm = :a"
-            params["a"] = arm
-        if finished_only:
-            q += f" AND status = '{FINISHED}'"
-        df = self.store.sql(q + " ORDER BY trial_id, step, layer", params).with_columns(
-            pl.col("progress").cast(pl.Float64),
-            pl.col("value").cast(pl.Float64).fill_nan(None))
+        df = Q.sweep_layer_values(self.store, self.sweep_id, metric, arm=arm,
+                                  status=FINISHED if finished_only else None)
         if per_trial:
             return df.select("trial_id", "depth", "init", "arm", "seed", "status", "step",
                              "progress", "layer", "value")
@@ -174,13 +156,7 @@ class Study:
         seed, status, layer, step, value, test_loss (a running trial's latest probe is not
         the end of training: filter on status, or pass ``finished_only``)."""
         metric = A.check_metric(self.store, metric)
-        df = self.store.sql(
-            "SELECT f.trial_id, f.depth, f.init, f.arm, f.seed, t.status, f.layer, f.step, "
-            "f.value, f.test_loss FROM v_final f JOIN trials t ON t.id = f.trial_id "
-            "WHERE t.sweep_id = :s AND f.metric = :m ORDER BY f.trial_id, f.layer",
-            {"s": self.sweep_id, "m": metric})
-        df = df.with_columns(pl.col("value").cast(pl.Float64).fill_nan(None),
-                             pl.col("test_loss").cast(pl.Float64).fill_nan(None))
+        df = Q.final_values(self.store, self.sweep_id, metric)
         return df.filter(pl.col("status") == FINISHED) if finished_only else df
 
     def arms(self, *, baseline: str = A.BASELINE_ARM) -> pl.DataFrame:
@@ -196,17 +172,10 @@ class Study:
             schema[m] = pl.Float64
         for m in ("test_loss", *ARM_METRICS):
             schema[f"baseline_{m}"] = pl.Float64
-        df = self.store.sql(
-            "SELECT f.trial_id, f.depth, f.init, f.arm, f.seed, t.status, f.step, f.test_loss,"
-            " f.metric, AVG(f.value) AS value FROM v_final f JOIN trials t "
-            "ON t.id = f.trial_id WHERE t.sweep_id = :s AND f.metric IN "
-            f"{A._in(list(ARM_METRICS))} GROUP BY f.trial_id, f.depth, f.init, f.arm, "
-            "f.seed, t.status, f.step, f.test_loss, f.metric", {"s": self.sweep_id})
+        df = Q.final_layer_means(self.store, self.sweep_id, ARM_METRICS)
         if df.height == 0 or set(df["arm"].to_list()) <= {baseline}:
             return pl.DataFrame(schema=schema)
-        w = df.with_columns(pl.col("value").cast(pl.Float64).fill_nan(None),
-                            pl.col("test_loss").cast(pl.Float64).fill_nan(None)).pivot(
-            on="metric", index=keys, values="value")
+        w = df.pivot(on="metric", index=keys, values="value")
         for m in ARM_METRICS:
             if m not in w.columns:
                 w = w.with_columns(pl.lit(None, dtype=pl.Float64).alias(m))
@@ -252,11 +221,12 @@ class Study:
     def claims(self, *, seed: int = 0, n_boot: int = 10_000,
                finished_only: bool = True) -> list[Any]:
         """Every claim of the paper with its verdict on the data stored now (what
-        ``qkgeom report`` prints): a list of :class:`qkgeom.report.Claim`."""
-        from qkgeom.report import compute_claims
+        ``qkgeom report`` prints): a list of :class:`qkgeom.claims.Claim`
+        (also importable as ``qkgeom.report.Claim``)."""
+        from qkgeom.claims import compute_claims
 
         return compute_claims(self.store, self.name, seed=seed, n_boot=n_boot,
-                              finished_only=finished_only)[0]
+                              finished_only=finished_only).claims
 
     def report(self, out_dir: str, **kw: Any) -> list[Any]:
         """Write the report files (``qkgeom report --out out_dir``); their paths."""

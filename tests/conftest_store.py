@@ -43,18 +43,17 @@ def writer_process(url: str, trial_key: str, n_probes: int, queue) -> None:
     try:
         from qkgeom.store import open_store
 
-        store = open_store(url)
-        sid = store.ensure_sweep("concurrent", {"n": n_probes}, "test")
-        tid = store.ensure_trial(sid, trial_key, {"key": trial_key}, depth=2,
-                                 init="gaussian", arm="none", seed=0)
-        store.set_trial_status(tid, "running", bump_attempts=True)
-        written = 0
-        for step in range(n_probes):
-            rec = make_record(step, n_layer=2, n_head=2, history=2)
-            store.write_probe(tid, rec)
-            written += len(rec.metrics)
-        store.set_trial_status(tid, "terminated")
-        store.close()
+        with open_store(url) as store:
+            sid = store.ensure_sweep("concurrent", {"n": n_probes}, "test")
+            tid = store.ensure_trial(sid, trial_key, {"key": trial_key}, depth=2,
+                                     init="gaussian", arm="none", seed=0)
+            store.set_trial_status(tid, "running", bump_attempts=True)
+            written = 0
+            for step in range(n_probes):
+                rec = make_record(step, n_layer=2, n_head=2, history=2)
+                store.write_probe(tid, rec)
+                written += len(rec.metrics)
+            store.set_trial_status(tid, "terminated")
         queue.put((trial_key, written, None))
     except BaseException as e:  # reported to the parent, which fails the test
         queue.put((trial_key, 0, f"{type(e).__name__}: {e}"))

@@ -109,8 +109,7 @@ def make_synthetic_db(url: str, *, sweep: str = "synthetic", pr_gap: float = 1.0
                   entropy_effect=entropy_effect, key_effect=key_effect, jitter=jitter,
                   noise=noise, n_heads=n_heads, head_spread=head_spread, rng_seed=rng_seed)
     n_values = 0
-    store = open_store(url)
-    try:
+    with open_store(url) as store:
         sid = store.ensure_sweep(sweep, {"synthetic": True, "pr_gap": pr_gap}, "synthetic")
         plan = [(d, i, "none", s) for d in depths for i in inits for s in seed_list]
         plan += [(cell[0], cell[1], a, s) for a in arms for s in arm_seed_list]
@@ -124,8 +123,6 @@ def make_synthetic_db(url: str, *, sweep: str = "synthetic", pr_gap: float = 1.0
                             **common)
             n_values += store.write_probes(tid, recs)
             store.set_trial_status(tid, status)
-    finally:
-        store.close()
     return {"sweep": sweep, "n_trials": len(plan), "n_values": n_values, "steps": steps,
             "seeds": seed_list, "arm_seeds": arm_seed_list, "cell": cell,
             "n_trajectories": len(inits) * sum(depths)}
@@ -138,8 +135,7 @@ def write_pretrained_family(url: str, model: str = "synthetic/pythia-like", *,
     """A pretrained model whose PR_Q - PR_K rises to a peak and then decays, per layer."""
     from qkgeom.store import open_store
 
-    store = open_store(url)
-    try:
+    with open_store(url) as store:
         for k, step in enumerate(steps):
             gap = k if k <= peak_index else peak_index - 0.6 * (k - peak_index)
             rows: list[tuple[int, int | None, str, float]] = []
@@ -149,8 +145,6 @@ def write_pretrained_family(url: str, model: str = "synthetic/pythia-like", *,
                          (layer, None, "qk_erank", 0.5 * pr_k),
                          (layer, None, "entropy", 1 + 0.1 * pr_k)]
             store.write_pretrained(model, f"step{step}", step, {"synthetic": True}, rows)
-    finally:
-        store.close()
 
 
 def collapse_curve(step: int, collapse: int, max_steps: int, *, q_up: float = 3.0,
@@ -177,8 +171,7 @@ def make_collapse_db(url: str, *, sweep: str = "collapse", depths: tuple[int, ..
     from qkgeom.store import open_store
 
     steps = list(range(0, max_steps + 1, probe_every))
-    store = open_store(url)
-    try:
+    with open_store(url) as store:
         sid = store.ensure_sweep(sweep, {"synthetic": "collapse"}, "synthetic")
         for depth in depths:
             for init in inits:
@@ -198,8 +191,6 @@ def make_collapse_db(url: str, *, sweep: str = "collapse", depths: tuple[int, ..
                                                 lr=1e-3, tokens_per_s=1.0, metrics=rows))
                     store.write_probes(tid, recs)
                     store.set_trial_status(tid, "terminated")
-    finally:
-        store.close()
     return {"sweep": sweep, "steps": steps, "max_steps": max_steps,
             "collapse": {layer: 10 + 5 * layer for layer in range(max(depths))}}
 
@@ -213,8 +204,7 @@ def write_trials(url: str, sweep: str, trials: list[dict[str, Any]], *,
     """
     from qkgeom.store import open_store
 
-    store = open_store(url)
-    try:
+    with open_store(url) as store:
         sid = store.ensure_sweep(sweep, {"synthetic": True}, "synthetic")
         for t in trials:
             key = f"d{t['depth']}-{t['init']}-{t['arm']}-s{t['seed']}"
@@ -230,5 +220,3 @@ def write_trials(url: str, sweep: str, trials: list[dict[str, Any]], *,
                                         tokens_per_s=0.0, metrics=rows))
             store.write_probes(tid, recs)
             store.set_trial_status(tid, t.get("status", "terminated"))
-    finally:
-        store.close()

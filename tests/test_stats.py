@@ -9,6 +9,7 @@ import pytest
 import scipy.stats as ss
 
 from qkgeom import stats as S
+from qkgeom.stats import rank_correlation as RC
 
 # --------------------------------------------------------------------------- sign test
 
@@ -190,7 +191,7 @@ def test_resample_ranks_equal_rankdata():
         x = rng.integers(0, 3, n).astype(float)
         y = rng.normal(size=n)
         order = np.argsort(x, kind="stable")
-        rx, ry = S._WeightedRanks(x[order]), S._WeightedRanks(y[order])
+        rx, ry = RC._WeightedRanks(x[order]), RC._WeightedRanks(y[order])
         pos = np.empty(n, dtype=np.intp)
         pos[order] = np.arange(n)
         for _ in range(5):
@@ -258,7 +259,7 @@ def test_cluster_rank_sums_equal_rankdata_per_resample():
     codes = rng.integers(0, 5, 60)
     x = rng.integers(0, 4, 60).astype(float)  # heavy ties
     y = rng.normal(size=60)
-    sums = S._ClusterRankSums(x, y, codes, 5)
+    sums = RC._ClusterRankSums(x, y, codes, 5)
     counts = np.array([[1, 1, 1, 1, 1], [0, 2, 0, 3, 0], [5, 0, 0, 0, 0], [0, 0, 1, 1, 3]])
     got = sums.rhos(counts)
     for c, g in zip(counts, got):
@@ -328,7 +329,7 @@ def test_avg_ranks_equal_rankdata():
     rng = np.random.default_rng(8)
     for n in (1, 2, 5, 100, 1001):
         for a in (rng.normal(size=n), rng.integers(0, 4, n).astype(float)):
-            np.testing.assert_array_equal(S._avg_ranks(a), ss.rankdata(a))
+            np.testing.assert_array_equal(RC._avg_ranks(a), ss.rankdata(a))
 
 
 def test_resample_ranks_sum_of_squares_and_rho_equal_scipy():
@@ -339,7 +340,7 @@ def test_resample_ranks_sum_of_squares_and_rho_equal_scipy():
             x = rng.integers(0, 4, n).astype(float) if ties else rng.normal(size=n)
             y = rng.integers(0, 3, n).astype(float) + 0.5 * x
             order = np.argsort(x, kind="stable")
-            rx, ry = S._WeightedRanks(x[order]), S._WeightedRanks(y[order])
+            rx, ry = RC._WeightedRanks(x[order]), RC._WeightedRanks(y[order])
             pos = np.empty(n, dtype=np.intp)
             pos[order] = np.arange(n)
             for _ in range(4):
@@ -350,7 +351,7 @@ def test_resample_ranks_sum_of_squares_and_rho_equal_scipy():
                     want = 2 * (ss.rankdata(v[idx]) - (n + 1) / 2)
                     assert ss_ == int(round((want**2).sum()))
                     np.testing.assert_array_equal(r[pos[idx]], want)
-                got = S._resample_spearman(w, rx, ry, np.empty(n, dtype=np.int64))
+                got = RC._resample_spearman(w, rx, ry, np.empty(n, dtype=np.int64))
                 xs, ys = x[idx], y[idx]
                 if np.ptp(xs) == 0 or np.ptp(ys) == 0:
                     assert math.isnan(got)
@@ -361,10 +362,10 @@ def test_resample_ranks_sum_of_squares_and_rho_equal_scipy():
 def test_cluster_path_choice():
     # the benchmark's shape takes the O(T^3) path; many clusters or few points per
     # cluster, or a build too large for memory, take the per-point path
-    assert S._use_tensor(111_848, 44)
-    assert not S._use_tensor(200, 40)  # 40^3 > 16 * 200
-    assert not S._use_tensor(10**7, 193)  # more than 192 clusters
-    assert not S._use_tensor(10**6, 100)  # n * T = 10^8 table entries
+    assert RC._use_tensor(111_848, 44)
+    assert not RC._use_tensor(200, 40)  # 40^3 > 16 * 200
+    assert not RC._use_tensor(10**7, 193)  # more than 192 clusters
+    assert not RC._use_tensor(10**6, 100)  # n * T = 10^8 table entries
 
 
 # --------------------------------------------------------------------------- collapse point

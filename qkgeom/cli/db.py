@@ -12,14 +12,7 @@ import sys
 import click
 
 from qkgeom.cli import main
-from qkgeom.cli.common import user_errors
-
-DB_HELP = ("Results database: a URL (sqlite:///PATH, postgresql+psycopg://USER:PW@HOST/DB) "
-           "or a SQLite file path. Default: $QKGEOM_DB, else sqlite:///qkgeom.db.")
-
-
-def db_option(fn):  # type: ignore[no-untyped-def]
-    return click.option("--db", "db", default=None, metavar="URL", help=DB_HELP)(fn)
+from qkgeom.cli.common import db_option, format_option, user_errors
 
 
 @main.group()
@@ -71,8 +64,7 @@ def db_current(db: str | None) -> None:
 
 @main.command()
 @db_option
-@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json", "parquet"]),
-              default="table", show_default=True, help="Output format.")
+@format_option("table", "csv", "json", "parquet", dest="fmt")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Write to this file instead of stdout (needed for parquet on a terminal).")
 @click.option("--write", is_flag=True,
@@ -95,8 +87,7 @@ def query(db: str | None, fmt: str, out: str | None, write: bool, sql: str) -> N
             raise click.UsageError("parquet is binary: give --out FILE (or redirect stdout)")
         if out is not None:
             _check_out(out)
-        store = open_store(db, create=False, readonly=not write)
-        try:
+        with open_store(db, create=False, readonly=not write) as store:
             if write:
                 df, rowcount = store.execute(sql)
                 if df is None:
@@ -106,8 +97,6 @@ def query(db: str | None, fmt: str, out: str | None, write: bool, sql: str) -> N
                 from qkgeom.store.readonly import run_readonly
 
                 df = run_readonly(store, sql)
-        finally:
-            store.close()
         try:
             _emit(df, fmt, out)
         except OSError as e:
@@ -170,10 +159,7 @@ def export(db: str | None, out: str, views: bool) -> None:
     with user_errors():
         from qkgeom.store import open_store
 
-        store = open_store(db, create=False, readonly=True)
-        try:
+        with open_store(db, create=False, readonly=True) as store:
             files = store.export(out, views=views)
-        finally:
-            store.close()
         for f in files:
             click.echo(f"{f.rows:>12,} rows  {f.path}")

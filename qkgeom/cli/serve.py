@@ -5,12 +5,11 @@ from __future__ import annotations
 import click
 
 from qkgeom.cli import main
-from qkgeom.cli.common import user_errors
+from qkgeom.cli.common import db_option, user_errors
 
 
 @main.command("serve")
-@click.option("--db", "db", default=None, metavar="URL",
-              help="database URL or SQLite file (default: $QKGEOM_DB, else sqlite:///qkgeom.db)")
+@db_option
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="address to listen on; anything but loopback needs --token")
 @click.option("--port", type=click.IntRange(1, 65535), default=8765, show_default=True,

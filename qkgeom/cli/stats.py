@@ -9,22 +9,21 @@ from __future__ import annotations
 
 import functools
 import json
-import math
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from qkgeom.cli import main
-from qkgeom.cli.common import user_errors
+from qkgeom.cli.common import db_option, format_option, user_errors
 
-DB_HELP = "database URL or SQLite file (default: $QKGEOM_DB, else sqlite:///qkgeom.db)"
+if TYPE_CHECKING:
+    from qkgeom.store import Store
+
 SWEEP_HELP = "sweep name (optional when the database holds exactly one sweep)"
 
-
-def db_option(f: Callable) -> Callable:
-    return click.option("--db", "db", default=None, metavar="URL", help=DB_HELP)(f)
+# --format table|json, passed to the commands as ``fmt``
+table_or_json = format_option("table", "json", dest="fmt")
 
 
 def sweep_options(f: Callable) -> Callable:
@@ -42,37 +41,17 @@ def window_option(f: Callable) -> Callable:
              "(collapse); or from training progress P in [0, 1)")(f)
 
 
-def format_option(f: Callable) -> Callable:
-    return click.option("--format", "fmt", type=click.Choice(["table", "json"]),
-                        default="table", show_default=True, help="output format")(f)
-
-
-@contextmanager
-def _store(db: str | None) -> Iterator[Any]:
+def _store(db: str | None) -> Store:
+    """The database, opened read-only (use in a ``with`` block)."""
     from qkgeom.store import open_store
 
-    store = open_store(db, create=False, readonly=True)
-    try:
-        yield store
-    finally:
-        store.close()
-
-
-def _clean(v: Any) -> Any:
-    """JSON-safe: NaN/inf -> None, tuples -> lists, numpy scalars -> Python."""
-    if isinstance(v, dict):
-        return {str(k): _clean(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_clean(x) for x in v]
-    if hasattr(v, "item") and not isinstance(v, (str, bytes)):
-        v = v.item()
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    return v
+    return open_store(db, create=False, readonly=True)
 
 
 def print_json(obj: dict[str, Any]) -> None:
-    click.echo(json.dumps(_clean(obj), indent=2, allow_nan=False))
+    from qkgeom.records import to_jsonable
+
+    click.echo(json.dumps(to_jsonable(obj), indent=2, allow_nan=False))
 
 
 def table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None,
@@ -129,7 +108,7 @@ def stats_group() -> None:
 @click.option("--depth", type=int, default=None, help="only this depth")
 @click.option("--init", default=None, help="only this Q/K initialisation")
 @window_option
-@format_option
+@table_or_json
 @_body
 def sign_test_cmd(db: str | None, sweep: str | None, include_unfinished: bool, summary: str,
                   level: str, depth: int | None, init: str | None, window: str,
@@ -173,7 +152,7 @@ def sign_test_cmd(db: str | None, sweep: str | None, include_unfinished: bool, s
 @click.option("--depth", type=int, default=None, help="only this depth")
 @click.option("--init", default=None, help="only this Q/K initialisation")
 @window_option
-@format_option
+@table_or_json
 @_body
 def slopes_cmd(db: str | None, sweep: str | None, include_unfinished: bool, level: str,
                depth: int | None, init: str | None, window: str, fmt: str) -> None:
@@ -223,7 +202,7 @@ def _collapse_line(c: dict[str, Any]) -> str:
 @click.option("--predicted-sign", type=click.Choice(["-1", "1"]), default=None,
               help="predicted sign of arm - baseline (default: shrink -1, hold +1)")
 @click.option("--per-layer", is_flag=True, help="also break the effect down by layer")
-@format_option
+@table_or_json
 @_body
 def directional_cmd(db: str | None, sweep: str | None, include_unfinished: bool, arm: str,
                     baseline: str, metric: str, window: int, boot: int, seed: int,
@@ -287,7 +266,7 @@ def directional_cmd(db: str | None, sweep: str | None, include_unfinished: bool,
 @click.option("--boot", type=int, default=1000, show_default=True,
               help="bootstrap resamples for the CI")
 @click.option("--seed", type=int, default=0, show_default=True, help="bootstrap rng seed")
-@format_option
+@table_or_json
 @_body
 def correlate_cmd(db: str | None, sweep: str | None, include_unfinished: bool, x: str, y: str,
                   arm: str | None, boot: int, seed: int, fmt: str) -> None:
@@ -321,7 +300,7 @@ def correlate_cmd(db: str | None, sweep: str | None, include_unfinished: bool, x
 @db_option
 @click.option("--model", required=True, help="pretrained model id as stored, e.g. "
               "EleutherAI/pythia-160m")
-@format_option
+@table_or_json
 @_body
 def checkpoint_trend_cmd(db: str | None, model: str, fmt: str) -> None:
     """Trend of PR_Q - PR_K over a pretrained model's checkpoints, per layer.
@@ -362,7 +341,7 @@ def checkpoint_trend_cmd(db: str | None, model: str, fmt: str) -> None:
               help="output file: .html (self-contained), .png, .svg or .json (vega-lite)")
 @click.option("--x", "x", default="pr_k", show_default=True, help="correlation: x metric")
 @click.option("--y", "y", default="entropy", show_default=True, help="correlation: y metric")
-@format_option
+@table_or_json
 @_body
 def plot_cmd(kind: str, db: str | None, sweep: str | None, include_unfinished: bool, out: str,
              x: str, y: str, fmt: str) -> None:
@@ -397,7 +376,7 @@ def plot_cmd(kind: str, db: str | None, sweep: str | None, include_unfinished: b
 @click.option("--seed", type=int, default=0, show_default=True, help="bootstrap rng seed")
 @click.option("--boot", type=int, default=10_000, show_default=True,
               help="bootstrap resamples for directional confidence")
-@format_option
+@table_or_json
 @_body
 def report_cmd(db: str | None, sweep: str | None, include_unfinished: bool, out: str,
                seed: int, boot: int, fmt: str) -> None:

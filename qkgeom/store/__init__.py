@@ -9,6 +9,12 @@
         store.write_probe(tid, record)
         df = store.sql("SELECT * FROM v_final WHERE metric = 'pr_q'")
 
+The :class:`Store` is assembled in :mod:`~qkgeom.store.store` from its plumbing
+(:mod:`~qkgeom.store.base`), result writes (:mod:`~qkgeom.store.writes`) and reads
+(:mod:`~qkgeom.store.reads`); the study's read-side queries over the views are named
+functions in :mod:`~qkgeom.store.queries`; ``qkgeom query`` runs in
+:mod:`~qkgeom.store.readonly`.
+
 URLs: ``--db`` / ``$QKGEOM_DB`` / ``sqlite:///qkgeom.db`` (:func:`resolve_url`). Schema and
 units: docs/schema.md. Migrations: ``migrations/`` (installed as ``qkgeom.migrations``).
 """

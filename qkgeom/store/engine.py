@@ -166,6 +166,7 @@ def make_engine(url: str, *, create: bool = True, readonly: bool = False,
             try:
                 if not memory and not readonly:
                     cur.execute("PRAGMA journal_mode=WAL")
+                # PRAGMAs take no bind parameters; both values are our own constants
                 cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_S * 1000}")
                 cur.execute(f"PRAGMA foreign_keys={'ON' if foreign_keys else 'OFF'}")
                 cur.execute("PRAGMA synchronous=NORMAL")  # safe with WAL; no fsync per commit

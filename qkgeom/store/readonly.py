@@ -31,11 +31,16 @@ PostgreSQL
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qkgeom.errors import QkgeomError
 from qkgeom.store.engine import BUSY_TIMEOUT_S, describe_db_error, sqlite_path
+from qkgeom.store.frames import result_frame
+
+if TYPE_CHECKING:
+    from qkgeom.store.store import Store
 
 HINT = "run it with --write to allow changes"
 ALLOWED_FIRST = ("select", "with", "values", "table", "show", "explain")
@@ -104,7 +109,7 @@ def first_keyword(sql: str) -> str:
 
 
 class _Rows:
-    """What :func:`qkgeom.store.store._result_frame` needs from a result."""
+    """What :func:`qkgeom.store.frames.result_frame` needs from a result."""
 
     def __init__(self, keys: list[str], rows: list[tuple]) -> None:
         self._keys, self._rows = keys, rows
@@ -116,17 +121,15 @@ class _Rows:
         return iter(self._rows)
 
 
-def run_readonly(store: Any, sql: str) -> Any:
+def run_readonly(store: Store, sql: str) -> Any:
     """Run one reading statement on ``store`` (any Store); a polars DataFrame."""
-    from qkgeom.store.store import _result_frame
-
     if not sql.strip():
         raise ReadOnlyRefusal("no SQL given; pass one SELECT statement")
     if store.dialect == "sqlite":
         keys, rows = _sqlite(store, sql)
     else:
         keys, rows = _postgres(store, sql)
-    return _result_frame(_Rows(keys, rows))
+    return result_frame(_Rows(keys, rows))
 
 
 # ---------------------------------------------------------------------- SQLite
@@ -141,29 +144,26 @@ def _more_than_one(sql: str) -> bool:
     return False
 
 
-def _sqlite(store: Any, sql: str) -> tuple[list[str], list[tuple]]:
+def _sqlite_connection(store: Store) -> tuple[Any, Any]:
+    """``(sqlite3 connection, raw pool connection or None)``: the file opened read-only
+    (``mode=ro``), or for an in-memory database the engine's own connection."""
     import sqlite3
 
-    if _more_than_one(sql):
-        raise _refuse("more than one SQL statement")
-    kw = first_keyword(sql)
-    if kw not in SQLITE_FIRST:
-        raise _refuse(f"{kw.upper() or 'this statement'} is not a query (allowed: "
-                      f"{', '.join(k.upper() for k in SQLITE_FIRST)})")
-
     path = sqlite_path(store.url)
-    raw = None
     if path is None:  # in-memory: only the engine's own connection sees it
         raw = store.engine.raw_connection()
-        conn = raw.driver_connection
-    else:
-        uri = Path(path).absolute().as_uri() + "?mode=ro"
-        try:
-            conn = sqlite3.connect(uri, uri=True, isolation_level=None,
-                                   timeout=BUSY_TIMEOUT_S)
-        except sqlite3.Error as e:
-            raise QkgeomError(f"cannot open {path} read-only: {e}") from None
-    denied: list[str] = []
+        return raw.driver_connection, raw
+    uri = Path(path).absolute().as_uri() + "?mode=ro"
+    try:
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=BUSY_TIMEOUT_S)
+    except sqlite3.Error as e:
+        raise QkgeomError(f"cannot open {path} read-only: {e}") from None
+    return conn, None
+
+
+def _sqlite_authorizer(denied: list[str]) -> Callable[..., int]:
+    """An authorizer that allows reading only; what it refuses is appended to ``denied``."""
+    import sqlite3
 
     def authorizer(action: int, a1: Any, a2: Any, db: Any, trigger: Any) -> int:
         ok = sqlite3.SQLITE_OK
@@ -189,6 +189,22 @@ def _sqlite(store: Any, sql: str) -> tuple[list[str], list[tuple]]:
                       + (f" {a1}" if action in (sqlite3.SQLITE_ATTACH,) and a1 else ""))
         return sqlite3.SQLITE_DENY
 
+    return authorizer
+
+
+def _sqlite(store: Store, sql: str) -> tuple[list[str], list[tuple]]:
+    import sqlite3
+
+    if _more_than_one(sql):
+        raise _refuse("more than one SQL statement")
+    kw = first_keyword(sql)
+    if kw not in SQLITE_FIRST:
+        raise _refuse(f"{kw.upper() or 'this statement'} is not a query (allowed: "
+                      f"{', '.join(k.upper() for k in SQLITE_FIRST)})")
+
+    conn, raw = _sqlite_connection(store)
+    denied: list[str] = []
+    authorizer = _sqlite_authorizer(denied)
     try:
         conn.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()  # load the schema
         conn.execute("BEGIN")
@@ -248,7 +264,7 @@ _SQLITE_ACTIONS = _action_names()
 
 
 # ---------------------------------------------------------------------- PostgreSQL
-def _postgres(store: Any, sql: str) -> tuple[list[str], list[tuple]]:
+def _postgres(store: Store, sql: str) -> tuple[list[str], list[tuple]]:
     import psycopg
 
     kw = first_keyword(sql)

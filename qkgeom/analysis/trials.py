@@ -1,0 +1,163 @@
+"""The sweep's trials: which sweep, which metrics exist, which trials a statistic uses, and
+what the study ran (its scale and the arms' seeds)."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import TYPE_CHECKING, Any
+
+import polars as pl
+
+from qkgeom.analysis.common import BASELINE_ARM, AnalysisError
+from qkgeom.records import METRICS
+from qkgeom.store.queries import metric_definition_names, sweep_names, sweep_trial_results
+from qkgeom.store.queries import sweep_trials as trials
+
+if TYPE_CHECKING:
+    from qkgeom.store import Store
+
+
+def resolve_sweep(store: Store, sweep: str | None) -> str:
+    """The sweep to analyse: ``sweep`` if it exists, else the only one in the database."""
+    names = sweep_names(store)
+    if sweep is None:
+        if len(names) == 1:
+            return names[0]
+        if not names:
+            raise AnalysisError("the database holds no sweeps yet; run one with "
+                                "`qkgeom sweep` (or point --db at another database)")
+        raise AnalysisError(f"the database holds {len(names)} sweeps; pick one with --sweep "
+                            f"NAME: {', '.join(names)}")
+    if sweep not in names:
+        have = ", ".join(names) if names else "(none)"
+        raise AnalysisError(f"no sweep named {sweep!r} in the database; existing sweeps: {have}")
+    return sweep
+
+
+def known_metrics(store: Store) -> list[str]:
+    """Metric names this qkgeom defines plus those the database declares or holds."""
+    names = set(METRICS)
+    try:
+        names |= set(metric_definition_names(store))
+    except Exception:  # an older schema without the table: the record contract suffices
+        pass
+    return sorted(names)
+
+
+def check_metric(store: Store, name: str) -> str:
+    if name in METRICS:
+        return name
+    valid = known_metrics(store)
+    if name not in valid:
+        raise AnalysisError(f"unknown metric {name!r}; valid metrics: {', '.join(valid)}")
+    return name
+
+
+def trial_rows(store: Store, sweep: str) -> list[dict[str, Any]]:
+    """Every trial of ``sweep`` as a dict: trial_id, depth, init, arm, seed, status,
+    test_loss (None until finished) and config (parsed)."""
+    rows = sweep_trial_results(store, sweep).to_dicts()
+    for r in rows:
+        c = r["config"]
+        r["config"] = json.loads(c) if isinstance(c, str) else (c or {})
+        tl = r["test_loss"]
+        r["test_loss"] = None if tl is None or (isinstance(tl, float) and math.isnan(tl)) \
+            else float(tl)
+    return rows
+
+
+# (config key, label) of what the report states about a study's scale and optimiser
+SCALE_KEYS = [("n_embd", "width n_embd"), ("n_head", "heads"), ("block_size", "context"),
+              ("max_steps", "training steps"), ("batch_size", "batch (sequences)"),
+              ("lr", "peak lr"), ("min_lr", "lr floor (cosine)"), ("warmup", "warm-up steps"),
+              ("weight_decay", "weight decay"), ("betas", "AdamW betas")]
+
+
+def study_scale(store: Store, sweep: str, *, finished_only: bool = True) -> dict[str, Any]:
+    """What a sweep ran: the distinct values of each :data:`SCALE_KEYS` setting over its
+    trials, the grid depths and seeds, and the seeds of every arm."""
+    rows = trial_rows(store, sweep)
+    if finished_only:
+        rows = [r for r in rows if r["status"] == "terminated"] or rows
+    out: dict[str, Any] = {}
+    for key, _ in SCALE_KEYS:
+        vals = set()
+        for r in rows:
+            c = r["config"]
+            if key == "warmup":
+                frac = float(c.get("warmup_frac") or 0.0)
+                v = (int(round(frac * c["max_steps"])) if frac > 0 and "max_steps" in c
+                     else c.get("warmup_steps"))
+            elif key == "betas":
+                v = (c.get("beta1"), c.get("beta2")) if "beta1" in c else None
+            else:
+                v = c.get(key)
+            if v is not None:
+                vals.add(v)
+        out[key] = sorted(vals, key=str)
+    grid = [r for r in rows if r["arm"] == BASELINE_ARM]
+    out["depths"] = sorted({r["depth"] for r in grid})
+    out["inits"] = sorted({r["init"] for r in grid})
+    out["grid_seeds"] = sorted({r["seed"] for r in grid})
+    out["arm_seeds"] = {a: sorted({r["seed"] for r in rows if r["arm"] == a})
+                        for a in sorted({r["arm"] for r in rows} - {BASELINE_ARM})}
+    out["n_trials"] = len(rows)
+    return out
+
+
+def test_loss_pairs(store: Store, sweep: str, *, arm: str, baseline: str = BASELINE_ARM
+                    ) -> list[dict[str, Any]]:
+    """Final test loss of each finished ``arm`` trial beside its paired baseline (same
+    depth, init and seed): depth, init, seed, arm_test_loss, baseline_test_loss."""
+    rows = [r for r in trial_rows(store, sweep) if r["status"] == "terminated"]
+    base = {(r["depth"], r["init"], r["seed"]): r["test_loss"] for r in rows
+            if r["arm"] == baseline}
+    return [{"depth": r["depth"], "init": r["init"], "seed": r["seed"],
+             "arm_test_loss": r["test_loss"],
+             "baseline_test_loss": base.get((r["depth"], r["init"], r["seed"]))}
+            for r in rows if r["arm"] == arm]
+
+
+def select_trials(store: Store, sweep: str, *, arms: list[str] | None = None,
+                   depth: int | None = None, init: str | None = None,
+                   finished_only: bool = True) -> pl.DataFrame:
+    t = trials(store, sweep)
+    if t.height == 0:
+        raise AnalysisError(f"sweep {sweep!r} has no trials yet; run it with "
+                            f"`qkgeom sweep` first")
+    what = []
+    if arms is not None:
+        t = t.filter(pl.col("arm").is_in(arms))
+        what.append(f"arm {'/'.join(arms)}")
+    if depth is not None:
+        depths = sorted(set(t["depth"].to_list()))
+        t = t.filter(pl.col("depth") == depth)
+        if t.height == 0:
+            raise AnalysisError(f"sweep {sweep!r} has no trials at depth {depth}; depths "
+                                f"present: {', '.join(map(str, depths)) or '(none)'}")
+    if init is not None:
+        inits = sorted(set(t["init"].to_list()))
+        t = t.filter(pl.col("init") == init)
+        if t.height == 0:
+            raise AnalysisError(f"sweep {sweep!r} has no trials with init {init!r}; inits "
+                                f"present: {', '.join(inits) or '(none)'}")
+    if t.height == 0:
+        raise AnalysisError(f"sweep {sweep!r} has no trials with {', '.join(what)}")
+    if finished_only:
+        done = t.filter(pl.col("status") == "terminated")
+        if done.height == 0:
+            counts = ", ".join(f"{s} {n}" for s, n in
+                               t.group_by("status").len().sort("status").iter_rows())
+            raise AnalysisError(
+                f"none of the {t.height} matching trials of sweep {sweep!r} has finished "
+                f"(status: {counts}); wait for them, or pass --include-unfinished to "
+                "analyse partial runs")
+        t = done
+    return t
+
+
+def arms_summary(store: Store, sweep: str) -> pl.DataFrame:
+    """Trials per (arm, depth, init, status)."""
+    return trials(store, sweep).group_by(["arm", "depth", "init", "status"]).len().sort(
+        ["arm", "depth", "init", "status"])
