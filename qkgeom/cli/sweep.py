@@ -101,7 +101,7 @@ def sweep(preset_name: str | None, spec_file: str | None, name: str | None, db: 
             click.echo(json.dumps(plan_summary(plan), indent=1))
             return
         if cluster_file:
-            from qkgeom.tune import launch_on_cluster
+            from qkgeom.cluster import launch_on_cluster
 
             launch_on_cluster(
                 cluster_file, plan=plan, name=name or plan.name, spec_file=spec_file,
