@@ -44,6 +44,7 @@ import yaml
 
 from qkgeom.config import ARMS, INITS, PRESETS, ConfigError, TrialConfig
 from qkgeom.config import check_keys as _config_check_keys
+from qkgeom.errors import QkgeomError
 
 # Set per trial by the spec itself; a trial-level override of these would be silently lost.
 GRID_KEYS = ("n_layer", "init", "arm", "seed")
@@ -59,6 +60,10 @@ _PLACEHOLDER_PR = [[0, [1.0]]]
 
 class SpecError(ConfigError):
     """A bad sweep spec; the message names the key."""
+
+
+class SweepError(QkgeomError):
+    """A sweep that cannot start or resume; the message says what to do."""
 
 
 def check_keys(d: dict[str, Any], valid: list[str], what: str) -> None:

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.ray
 def observe_db_state(monkeypatch, db: str, sweep: str) -> dict[str, list]:
     """Record, from Tune's own callbacks, what the database says about a trial the moment
     Tune recovers it (a retry is due) or gives up on it. Tune calls the callbacks in order,
-    so DbWriter has written its update when this observer (in Progress's place) reads."""
+    so DbWriter has written its update when this observer (in ProgressReporter's place) reads."""
     import qkgeom.tune as T
     from qkgeom.store import open_store
 
@@ -44,7 +44,7 @@ def observe_db_state(monkeypatch, db: str, sweep: str) -> dict[str, list]:
         r = t.filter(t["trial_key"] == trial.config["trial"]["key"]).to_dicts()[0]
         return r["trial_key"], r["status"], r["attempts"], r["error"]
 
-    class Observer(T.Progress):
+    class Observer(T.ProgressReporter):
         def on_trial_recover(self, iteration, trials, trial, **info):
             seen["recover"].append(row(trial))
             super().on_trial_recover(iteration, trials, trial, **info)
@@ -53,7 +53,7 @@ def observe_db_state(monkeypatch, db: str, sweep: str) -> dict[str, list]:
             seen["error"].append(row(trial))
             super().on_trial_error(iteration, trials, trial, **info)
 
-    monkeypatch.setattr(T, "Progress", Observer)
+    monkeypatch.setattr(T, "ProgressReporter", Observer)
     return seen
 
 

@@ -1,11 +1,27 @@
-"""Shared CLI helpers: turning library errors into one-line click errors."""
+"""Shared CLI helpers: the options every command spells the same way (``--db``,
+``--format``), and turning library errors into one-line click errors."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import click
+
+DB_HELP = "Results database URL or SQLite file (default: $QKGEOM_DB, else sqlite:///qkgeom.db)."
+
+
+def db_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--db URL`` (default None: :func:`qkgeom.store.resolve_url` decides), as ``db``."""
+    return click.option("--db", "db", default=None, metavar="URL", help=DB_HELP)(f)
+
+
+def format_option(*choices: str, default: str = "table", dest: str = "output_format"
+                  ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--format`` with one of ``choices`` (``default`` shown in the help), as ``dest``."""
+    return click.option("--format", dest, type=click.Choice(list(choices)), default=default,
+                        show_default=True, help="Output format.")
 
 
 @contextlib.contextmanager
