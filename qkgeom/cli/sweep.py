@@ -1,7 +1,7 @@
 """``qkgeom sweep`` (run a study on Ray Tune) and ``qkgeom status`` (its progress, from the DB).
 
-Ray is imported only inside the commands (through :mod:`qkgeom.tune`), so ``qkgeom --help``
-stays instant.
+Ray is imported only inside the commands (through :mod:`qkgeom.tune` and
+:mod:`qkgeom.cluster`), so ``qkgeom --help`` stays instant.
 """
 
 from __future__ import annotations
