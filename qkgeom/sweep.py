@@ -44,6 +44,7 @@ import yaml
 
 from qkgeom.config import ARMS, INITS, PRESETS, ConfigError, TrialConfig
 from qkgeom.config import check_keys as _config_check_keys
+from qkgeom.errors import QkgeomError
 
 # Set per trial by the spec itself; a trial-level override of these would be silently lost.
 GRID_KEYS = ("n_layer", "init", "arm", "seed")
@@ -59,6 +60,10 @@ _PLACEHOLDER_PR = [[0, [1.0]]]
 
 class SpecError(ConfigError):
     """A bad sweep spec; the message names the key."""
+
+
+class SweepError(QkgeomError):
+    """A sweep that cannot start or resume; the message says what to do."""
 
 
 def check_keys(d: dict[str, Any], valid: list[str], what: str) -> None:
@@ -333,6 +338,28 @@ def build_plan(spec: dict[str, Any], *, name: str | None = None, data: str | Non
     if snapshots is not None:  # kept in the stored spec, like --data
         spec["snapshots"] = snapshots
     check_keys(spec, SPEC_KEYS, what="spec key")
+    base_name, overrides = _trial_overrides(spec, data)
+    base = TrialConfig(**PRESETS[base_name]).to_dict()
+    trials = _grid_trials(spec, base, overrides)
+    baselines, arm_trials = _intervention_trials(spec, base, overrides, set(trials))
+    trials.update((t.key, t) for t in baselines)
+    if not trials and not arm_trials:
+        raise SpecError("spec: no trials; give a 'grid' and/or an 'interventions' section")
+
+    sweep_name = name or spec.get("name") or base_name
+    if not isinstance(sweep_name, str) or not sweep_name.replace("-", "").replace(
+            "_", "").replace(".", "").isalnum():
+        raise SpecError(f"name: {sweep_name!r} must be letters, digits, '-', '_' or '.'")
+    all_trials = list(trials.values()) + arm_trials
+    policy = _check_snapshots(spec.get("snapshots", DEFAULT_SNAPSHOTS), all_trials)
+    normalised = json.loads(json.dumps(spec))  # plain JSON types for the database
+    normalised["name"] = sweep_name
+    return SweepPlan(sweep_name, normalised, all_trials, snapshots=policy)
+
+
+def _trial_overrides(spec: dict[str, Any], data: str | None) -> tuple[str, dict[str, Any]]:
+    """The ``trial`` section: its base preset name and the validated overrides, with
+    ``--data`` as the dataset (also written into ``spec``)."""
     trial = _section(spec, "trial", TRIAL_KEYS) or {}
     base_name = trial.get("preset", "smoke")
     if base_name not in PRESETS:
@@ -354,83 +381,91 @@ def build_plan(spec: dict[str, Any], *, name: str | None = None, data: str | Non
         overrides["dataset"] = data
         # kept in the stored spec, so that a resume rebuilds the very same configs
         spec.setdefault("trial", {}).setdefault("overrides", {})["dataset"] = str(data)
-    base = TrialConfig(**PRESETS[base_name]).to_dict()
+    return base_name, overrides
 
+
+def _grid_trials(spec: dict[str, Any], base: dict[str, Any],
+                 overrides: dict[str, Any]) -> dict[str, TrialSpec]:
+    """The geometry grid: depths x inits x seeds, arm ``none``, keyed by trial key."""
     trials: dict[str, TrialSpec] = {}
     grid = _section(spec, "grid", GRID_SECTION_KEYS)
-    if grid is not None:
-        for k in GRID_SECTION_KEYS:
-            if k not in grid:
-                raise SpecError(f"grid.{k}: missing")
-        depths = _int_list(grid["depths"], "grid.depths")
-        inits = _str_list(grid["inits"], "grid.inits", INITS)
-        seeds = _seeds(grid["seeds"], "grid.seeds")
-        for depth in depths:
-            for init in inits:
-                for seed in seeds:
-                    key = trial_key(depth, init, "none", seed)
-                    cfg = _config(base, overrides, f"grid trial {key}", n_layer=depth,
-                                  init=init, arm="none", seed=seed)
-                    trials[key] = TrialSpec(key, cfg, depth, init, "none", seed)
-
-    arm_trials: list[TrialSpec] = []
-    inter = _section(spec, "interventions", INTERVENTION_KEYS)
-    if inter is not None:
-        for k in ("depth", "init", "arms", "seeds"):
-            if k not in inter:
-                raise SpecError(f"interventions.{k}: missing")
-        depth = inter["depth"]
-        if not isinstance(depth, int) or isinstance(depth, bool):
-            raise SpecError(f"interventions.depth: expected an int, got {depth!r}")
-        init = inter["init"]
-        if init not in INITS:
-            raise SpecError(f"interventions.init: unknown init {init!r}; choose from "
-                            f"{', '.join(INITS)}")
-        arms = _str_list(inter["arms"], "interventions.arms", ARMS)
-        seeds = _seeds(inter["seeds"], "interventions.seeds")
-        arm_over = inter.get("arm_overrides") or {}
-        if not isinstance(arm_over, dict):
-            raise SpecError("interventions.arm_overrides: expected a mapping arm -> overrides")
-        check_keys(arm_over, list(ARMS), what="arm in 'interventions.arm_overrides'")
-        for arm, ov in arm_over.items():
-            if not isinstance(ov, dict):
-                raise SpecError(f"interventions.arm_overrides.{arm}: expected a mapping")
-            check_keys(ov, TrialConfig.field_names(),
-                       what=f"key in 'interventions.arm_overrides.{arm}'")
-            for k in GRID_KEYS:
-                if k in ov:
-                    raise SpecError(f"interventions.arm_overrides.{arm}.{k}: set by the sweep")
-        if arm_over.get("none"):
-            raise SpecError("interventions.arm_overrides.none: the baseline is shared with the "
-                            "grid and takes the trial overrides only")
-        for seed in seeds:
-            bkey = trial_key(depth, init, "none", seed)
-            if bkey not in trials:  # the shared baseline, added once
-                cfg = _config(base, overrides, f"baseline trial {bkey}", n_layer=depth,
+    if grid is None:
+        return trials
+    for k in GRID_SECTION_KEYS:
+        if k not in grid:
+            raise SpecError(f"grid.{k}: missing")
+    depths = _int_list(grid["depths"], "grid.depths")
+    inits = _str_list(grid["inits"], "grid.inits", INITS)
+    seeds = _seeds(grid["seeds"], "grid.seeds")
+    for depth in depths:
+        for init in inits:
+            for seed in seeds:
+                key = trial_key(depth, init, "none", seed)
+                cfg = _config(base, overrides, f"grid trial {key}", n_layer=depth,
                               init=init, arm="none", seed=seed)
-                trials[bkey] = TrialSpec(bkey, cfg, depth, init, "none", seed)
-            for arm in arms:
-                if arm == "none":
-                    continue
-                key = trial_key(depth, init, arm, seed)
-                cfg = _config(base, {**overrides, **arm_over.get(arm, {})},
-                              f"intervention trial {key}", n_layer=depth, init=init, arm=arm,
-                              seed=seed)
-                needs = cfg["target_mode"] == "baseline_fraction"
-                arm_trials.append(TrialSpec(key, cfg, depth, init, arm, seed,
-                                            baseline_key=bkey, needs_baseline=needs))
-    if not trials and not arm_trials:
-        raise SpecError("spec: no trials; give a 'grid' and/or an 'interventions' section")
+                trials[key] = TrialSpec(key, cfg, depth, init, "none", seed)
+    return trials
 
-    sweep_name = name or spec.get("name") or base_name
-    if not isinstance(sweep_name, str) or not sweep_name.replace("-", "").replace(
-            "_", "").replace(".", "").isalnum():
-        raise SpecError(f"name: {sweep_name!r} must be letters, digits, '-', '_' or '.'")
-    all_trials = list(trials.values()) + arm_trials
-    policy = _check_snapshots(spec.get("snapshots", DEFAULT_SNAPSHOTS), all_trials)
-    normalised = json.loads(json.dumps(spec))  # plain JSON types for the database
-    normalised["name"] = sweep_name
-    return SweepPlan(sweep_name, normalised, all_trials, snapshots=policy)
+
+def _intervention_trials(spec: dict[str, Any], base: dict[str, Any],
+                         overrides: dict[str, Any], have: set[str]
+                         ) -> tuple[list[TrialSpec], list[TrialSpec]]:
+    """The intervention study: ``(baselines not in have, arm trials)``, each arm trial
+    paired by seed with the arm-``none`` trial of its depth, init and seed."""
+    inter = _section(spec, "interventions", INTERVENTION_KEYS)
+    if inter is None:
+        return [], []
+    for k in ("depth", "init", "arms", "seeds"):
+        if k not in inter:
+            raise SpecError(f"interventions.{k}: missing")
+    depth = inter["depth"]
+    if not isinstance(depth, int) or isinstance(depth, bool):
+        raise SpecError(f"interventions.depth: expected an int, got {depth!r}")
+    init = inter["init"]
+    if init not in INITS:
+        raise SpecError(f"interventions.init: unknown init {init!r}; choose from "
+                        f"{', '.join(INITS)}")
+    arms = _str_list(inter["arms"], "interventions.arms", ARMS)
+    seeds = _seeds(inter["seeds"], "interventions.seeds")
+    arm_over = _arm_overrides(inter)
+    baselines, arm_trials = [], []
+    for seed in seeds:
+        bkey = trial_key(depth, init, "none", seed)
+        if bkey not in have:  # the shared baseline, added once
+            cfg = _config(base, overrides, f"baseline trial {bkey}", n_layer=depth,
+                          init=init, arm="none", seed=seed)
+            baselines.append(TrialSpec(bkey, cfg, depth, init, "none", seed))
+        for arm in arms:
+            if arm == "none":
+                continue
+            key = trial_key(depth, init, arm, seed)
+            cfg = _config(base, {**overrides, **arm_over.get(arm, {})},
+                          f"intervention trial {key}", n_layer=depth, init=init, arm=arm,
+                          seed=seed)
+            needs = cfg["target_mode"] == "baseline_fraction"
+            arm_trials.append(TrialSpec(key, cfg, depth, init, arm, seed,
+                                        baseline_key=bkey, needs_baseline=needs))
+    return baselines, arm_trials
+
+
+def _arm_overrides(inter: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``interventions.arm_overrides``, validated: arm -> TrialConfig overrides."""
+    arm_over = inter.get("arm_overrides") or {}
+    if not isinstance(arm_over, dict):
+        raise SpecError("interventions.arm_overrides: expected a mapping arm -> overrides")
+    check_keys(arm_over, list(ARMS), what="arm in 'interventions.arm_overrides'")
+    for arm, ov in arm_over.items():
+        if not isinstance(ov, dict):
+            raise SpecError(f"interventions.arm_overrides.{arm}: expected a mapping")
+        check_keys(ov, TrialConfig.field_names(),
+                   what=f"key in 'interventions.arm_overrides.{arm}'")
+        for k in GRID_KEYS:
+            if k in ov:
+                raise SpecError(f"interventions.arm_overrides.{arm}.{k}: set by the sweep")
+    if arm_over.get("none"):
+        raise SpecError("interventions.arm_overrides.none: the baseline is shared with the "
+                        "grid and takes the trial overrides only")
+    return arm_over
 
 
 def plan_summary(plan: SweepPlan) -> dict[str, Any]:

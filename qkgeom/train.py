@@ -18,6 +18,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from qkgeom.probe import probe_model
 from qkgeom.records import ProbeRecord, StepRecord, TrialResult
 
 Report = Callable[[ProbeRecord, "str | None"], None]
-Progress = Callable[[int, dict[str, Any]], None]
+ProgressFn = Callable[[int, dict[str, Any]], None]
 
 # Seeds of the fixed held-out batches: shared by every trial so probes compare like with like.
 PROBE_SEED, VAL_SEED, TEST_SEED = 2024, 12345, 4242
@@ -275,7 +276,7 @@ def train(
     resume_from: str | Path | None = None,
     snapshot_dir: str | Path | None = None,
     snapshot_every: int = 0,
-    progress: Progress | None = None,
+    progress: ProgressFn | None = None,
     corpus: Corpus | None = None,
 ) -> TrialResult:
     """Run one trial; see the module docstring for the ``report`` protocol.
@@ -307,26 +308,57 @@ def train(
 
     if tr.step == 0:
         emit(tr.probe(tr.val_loss(), 0.0))
+    timer = StepTimer()
+    last_val = _train_to_end(tr, emit, progress, timer, resumed=resume_from is not None)
+    return _result(tr, last_val, timer, t_start)
 
-    window_t, window_tok = 0.0, 0  # training-only time and tokens since the last record
-    probe_t, probe_tok = 0.0, 0
-    total_train_t, total_train_tok = 0.0, 0
+
+@dataclass
+class Span:
+    """Training-only seconds and tokens summed over a span of steps."""
+
+    seconds: float = 0.0
+    tokens: int = 0
+
+    def rate(self) -> float:
+        """Tokens per second over the span (0 when it is empty)."""
+        return self.tokens / max(self.seconds, 1e-9)
+
+    def take_rate(self) -> float:
+        """:meth:`rate`, then start a new span."""
+        r = self.rate()
+        self.seconds, self.tokens = 0.0, 0
+        return r
+
+
+class StepTimer:
+    """Training-only time and tokens (probes and evaluation excluded) over three spans:
+    since the last history record (``window``), since the last probe (``probe``) and
+    over the whole run (``total``)."""
+
+    def __init__(self) -> None:
+        self.window, self.probe, self.total = Span(), Span(), Span()
+
+    def add(self, seconds: float, tokens: int) -> None:
+        for span in (self.window, self.probe, self.total):
+            span.seconds += seconds
+            span.tokens += tokens
+
+
+def _train_to_end(tr: Trial, emit: Callable[[ProbeRecord], None],
+                  progress: ProgressFn | None, timer: StepTimer, *, resumed: bool) -> float:
+    """Train from ``tr.step`` to ``max_steps``: history at log/eval/probe steps, a probe
+    (``emit``) at probe steps. Returns the last validation loss (NaN if none)."""
+    cfg = tr.cfg
     last_val = math.nan
     while tr.step < cfg.max_steps:
-        if cfg.fail_at_step >= 0 and tr.step == cfg.fail_at_step and resume_from is None:
+        if cfg.fail_at_step >= 0 and tr.step == cfg.fail_at_step and not resumed:
             raise InjectedFailure(f"fail_at_step={cfg.fail_at_step}: injected test failure")
         t0 = time.perf_counter()
         loss = tr.train_step()
         if tr.device.type == "cuda" and tr.step % cfg.log_every == 0:
             torch.cuda.synchronize()
-        dt = time.perf_counter() - t0
-        ntok = cfg.batch_size * cfg.block_size
-        window_t += dt
-        window_tok += ntok
-        probe_t += dt
-        probe_tok += ntok
-        total_train_t += dt
-        total_train_tok += ntok
+        timer.add(time.perf_counter() - t0, cfg.batch_size * cfg.block_size)
         step = tr.step
         is_eval = step % cfg.eval_every == 0 or step == cfg.max_steps
         is_probe = step % cfg.probe_every == 0 or step == cfg.max_steps
@@ -336,15 +368,18 @@ def train(
         if step % cfg.log_every == 0 or is_eval or is_probe:
             s, n = tr.loss_acc.take()
             tr.history.append(StepRecord(step, s / n if n else math.nan, val,
-                                         lr_at(cfg, step - 1), window_tok / max(window_t, 1e-9)))
-            window_t, window_tok = 0.0, 0
+                                         lr_at(cfg, step - 1), timer.window.take_rate()))
         if is_probe:
-            emit(tr.probe(val, probe_tok / max(probe_t, 1e-9)))
-            probe_t, probe_tok = 0.0, 0
+            emit(tr.probe(val, timer.probe.take_rate()))
         if progress is not None:
             progress(step, {"loss": loss, "val_loss": last_val,
-                            "tokens_per_s": total_train_tok / max(total_train_t, 1e-9)})
+                            "tokens_per_s": timer.total.rate()})
+    return last_val
 
+
+def _result(tr: Trial, last_val: float, timer: StepTimer, t_start: float) -> TrialResult:
+    """The trial's summary: test loss on the fixed test batches, throughput, where."""
+    cfg = tr.cfg
     test_starts = fixed_starts(tr.corpus.test, cfg.block_size, cfg.test_batches * cfg.batch_size,
                                TEST_SEED)
     test_loss = mean_loss(tr.model, tr.corpus.test, test_starts, cfg, tr.device, tr.amp)
@@ -354,7 +389,7 @@ def train(
         test_loss=test_loss,
         unigram_entropy=unigram_entropy(tr.corpus.test),
         wall_s=time.perf_counter() - t_start,
-        tokens_per_s=total_train_tok / max(total_train_t, 1e-9),
+        tokens_per_s=timer.total.rate(),
         device=str(tr.device),
         data_note=tr.corpus.note,
         n_params=tr.model.n_params(),

@@ -40,7 +40,7 @@ def _write(tmp: Path, cfg: dict) -> Path:
 
 @pytest.mark.parametrize("name", ["aws.yaml", "gcp.yaml", "local.yaml"])
 def test_shipped_cluster_files_validate(name):
-    from qkgeom.tune import validate_cluster_file
+    from qkgeom.cluster import validate_cluster_file
 
     cfg = validate_cluster_file(CLUSTER / name)
     assert cfg["cluster_name"]
@@ -111,7 +111,7 @@ def _bad_head_name(c: dict) -> None:
     (_bad_head_name, "'boss' is not in available_node_types"),
 ])
 def test_invalid_cluster_files_name_the_key(tmp_path, mutate, needle):
-    from qkgeom.tune import ClusterConfigError, validate_cluster_file
+    from qkgeom.cluster import ClusterConfigError, validate_cluster_file
 
     cfg = copy.deepcopy(_aws())
     mutate(cfg)
@@ -134,7 +134,7 @@ def test_cli_refuses_invalid_cluster_before_starting_anything(tmp_path):
 
 
 def test_remote_command_is_detached_and_quoted():
-    from qkgeom.tune import remote_sweep_command
+    from qkgeom.cluster import remote_sweep_command
 
     cmd = remote_sweep_command("s1", spec_remote=None, preset="smoke", data="/d ata",
                                sets=["max_steps=5"], db=None, resume=True,

@@ -99,7 +99,7 @@ def _dry_run(tmp_path: Path, data: Path, cluster: str = "aws.yaml"):
 
 
 def test_dry_run_shows_the_derived_file_and_starts_nothing(tmp_path, wikitext_dir):
-    from qkgeom.tune import validate_cluster_file
+    from qkgeom.cluster import validate_cluster_file
 
     user_file = (ROOT / "cluster" / "aws.yaml").read_bytes()
     p = _dry_run(tmp_path, wikitext_dir)

@@ -12,6 +12,8 @@ from click.testing import CliRunner
 from qkgeom.cli import main
 from qkgeom.records import ProbeRecord
 
+pytest_plugins = ["store_fixtures"]  # db_url (SQLite and PostgreSQL)
+
 ERROR_TEXT = 'Traceback (most recent call last):\n  File "x.py"\nRuntimeError: out of memory'
 RETRY_TEXT = "Traceback ...\nqkgeom.train.InjectedFailure: fail_at_step=5: injected test failure"
 # trial -> (status, attempts, probe steps with their val_loss, host, device, error)
@@ -62,6 +64,44 @@ def test_status_json_for_every_state(tmp_path):
             "snapshots": 0, "test_loss": None,  # none planted
             "host": host or "", "device": device or "",
             "error": error.splitlines()[-1] if error else ""}, key
+
+
+def test_sweep_side_reads_on_both_backends(store):
+    """Store.last_probes / snapshot_counts / layer_metric_rows against hand-planted rows:
+    one sweep's reads never see another sweep's trials, NaN comes back as None, head-level
+    rows and resume checkpoints are not counted."""
+    nan = math.nan
+    ids = {}
+    for sweep in ("a", "b"):
+        sid = store.ensure_sweep(sweep, {}, "v")
+        for seed in (0, 1):
+            ids[sweep, seed] = store.ensure_trial(sid, f"k{seed}", {"max_steps": 40}, depth=2,
+                                                 init="gaussian", arm="none", seed=seed)
+    a0, a1, b0 = ids["a", 0], ids["a", 1], ids["b", 0]
+    probes = {a0: {0: 3.5, 20: 2.75, 40: nan}, a1: {0: 3.25}, b0: {0: 9.0, 60: 8.0}}
+    for tid, by_step in probes.items():
+        store.write_probes(tid, [ProbeRecord(
+            step=s, progress=s / 40, tokens=s, train_loss=nan, val_loss=v, lr=1e-3,
+            tokens_per_s=0.0,
+            metrics=[(0, None, "pr_wk", 10.0 + s), (1, None, "pr_wk", 20.0 + s),
+                     (1, 0, "pr_wk", 99.0), (0, None, "pr_k", nan)])
+            for s, v in by_step.items()])
+    for step in (0, 20):
+        store.add_checkpoint(a0, step, f"/snap/{step}", kind="snapshot")
+    store.add_checkpoint(a0, 20, "/resume/20", kind="resume")
+    store.add_checkpoint(b0, 0, "/snap/b0", kind="snapshot")
+
+    sid_a, sid_b = store.require_sweep("a"), store.require_sweep("b")
+    assert store.last_probes(sid_a) == {a0: (40, None), a1: (0, 3.25)}
+    assert store.last_probes(sid_b) == {b0: (60, 8.0)}
+    assert store.snapshot_counts(sid_a) == {a0: 2}
+    assert store.snapshot_counts(sid_b) == {b0: 1}
+    rows = store.layer_metric_rows([a0, b0, a1 + b0 + 100], "pr_wk")
+    assert rows == {a0: [(0, 0, 10.0), (0, 1, 20.0), (20, 0, 30.0), (20, 1, 40.0),
+                         (40, 0, 50.0), (40, 1, 60.0)],
+                    b0: [(0, 0, 10.0), (0, 1, 20.0), (60, 0, 70.0), (60, 1, 80.0)]}
+    assert store.layer_metric_rows([a1], "pr_k") == {a1: [(0, 0, None)]}
+    assert store.layer_metric_rows([], "pr_wk") == {}
 
 
 def test_status_table_shows_errors_of_failed_and_waiting_trials(tmp_path):

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.ray
 def observe_db_state(monkeypatch, db: str, sweep: str) -> dict[str, list]:
     """Record, from Tune's own callbacks, what the database says about a trial the moment
     Tune recovers it (a retry is due) or gives up on it. Tune calls the callbacks in order,
-    so DbWriter has written its update when this observer (in Progress's place) reads."""
+    so DbWriter has written its update when this observer (in ProgressReporter's place) reads."""
     import qkgeom.tune as T
     from qkgeom.store import open_store
 
@@ -44,7 +44,7 @@ def observe_db_state(monkeypatch, db: str, sweep: str) -> dict[str, list]:
         r = t.filter(t["trial_key"] == trial.config["trial"]["key"]).to_dicts()[0]
         return r["trial_key"], r["status"], r["attempts"], r["error"]
 
-    class Observer(T.Progress):
+    class Observer(T.ProgressReporter):
         def on_trial_recover(self, iteration, trials, trial, **info):
             seen["recover"].append(row(trial))
             super().on_trial_recover(iteration, trials, trial, **info)
@@ -53,7 +53,7 @@ def observe_db_state(monkeypatch, db: str, sweep: str) -> dict[str, list]:
             seen["error"].append(row(trial))
             super().on_trial_error(iteration, trials, trial, **info)
 
-    monkeypatch.setattr(T, "Progress", Observer)
+    monkeypatch.setattr(T, "ProgressReporter", Observer)
     return seen
 
 
@@ -309,3 +309,31 @@ def test_existing_sweep_in_database_is_not_rerun_or_respecified(tmp_path):
         assert json.loads(spec) == json.loads(json.dumps(plan.spec))  # stored spec untouched
     finally:
         store.close()
+
+
+def test_callbacks_pickled_under_earlier_names_still_load():
+    # Tune unpickles an experiment's callbacks on resume; an experiment saved before the
+    # callbacks moved to qkgeom.tune_callbacks names them qkgeom.tune.DbWriter/Progress
+    import pickle
+
+    from qkgeom.tune_callbacks import DbWriter, ProgressReporter
+
+    old = pickle.dumps(ProgressReporter(7.0), protocol=0).replace(
+        b"qkgeom.tune_callbacks\nProgressReporter", b"qkgeom.tune\nProgress")
+    assert b"qkgeom.tune\nProgress\n" in old
+    reporter = pickle.loads(old)
+    assert type(reporter) is ProgressReporter and reporter.every_s == 7.0
+
+    writer = DbWriter("s", direct_writes=True, keep_last=3, keep_recent_s=5.0)
+    data = pickle.dumps(writer, protocol=0).replace(
+        b"qkgeom.tune_callbacks\nDbWriter", b"qkgeom.tune\nDbWriter")
+    back = pickle.loads(data)
+    assert type(back) is DbWriter
+    assert (back.sweep, back.direct_writes, back.keep_last, back.keep_recent_s) == \
+        ("s", True, 3, 5.0)
+    # a state pickled without the lifecycle field (earlier versions) gets fresh driver state
+    back.__setstate__({"sweep": "s", "direct_writes": False, "keep_last": 2,
+                       "keep_recent_s": 60.0, "_store": None, "_ids": {"k": 1},
+                       "_seen": {"x"}, "_ckpts": {}})
+    assert back.keep_last == 2 and vars(back)["_ids"] == {} and vars(back)["_lifecycle"] is None
+    back.on_experiment_end([])  # no store was opened: nothing to close, no error

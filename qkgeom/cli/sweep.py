@@ -1,21 +1,22 @@
 """``qkgeom sweep`` (run a study on Ray Tune) and ``qkgeom status`` (its progress, from the DB).
 
-Ray is imported only inside the commands (through :mod:`qkgeom.tune`), so ``qkgeom --help``
-stays instant.
+Ray is imported only inside the commands (through :mod:`qkgeom.tune` and
+:mod:`qkgeom.cluster`), so ``qkgeom --help`` stays instant.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from qkgeom.cli import main
-from qkgeom.cli.common import user_errors
+from qkgeom.cli.common import db_option, user_errors
 
-DB_HELP = "Results database URL or SQLite file (default: $QKGEOM_DB, else sqlite:///qkgeom.db)."
+if TYPE_CHECKING:
+    from qkgeom.sweep import SweepPlan
 
 
 @main.command()
@@ -24,7 +25,7 @@ DB_HELP = "Results database URL or SQLite file (default: $QKGEOM_DB, else sqlite
 @click.option("--spec", "spec_file", type=click.Path(dir_okay=False), default=None,
               help="Sweep spec file (YAML or TOML); see docs/sweeps.md.")
 @click.option("--name", default=None, help="Sweep name (default: the spec's name / preset).")
-@click.option("--db", default=None, metavar="URL", help=DB_HELP)
+@db_option
 @click.option("--data", default=None, envvar="QKGEOM_DATA",
               help="Corpus for every trial: a directory with wiki.*.raw, a text file, "
               "wikitext-103 or wikitext-2. Default: $QKGEOM_DATA, else the preset's.")
@@ -76,32 +77,16 @@ def sweep(preset_name: str | None, spec_file: str | None, name: str | None, db: 
     from qkgeom.sweep import plan_from
 
     with user_errors():
-        if address and cluster_file:
-            raise click.UsageError("give either --address or --cluster, not both")
-        if cpus_per_trial <= 0:
-            raise click.BadParameter("must be positive", param_hint="--cpus-per-trial")
-        if gpus_per_trial is not None and gpus_per_trial < 0:
-            raise click.BadParameter("must be >= 0", param_hint="--gpus-per-trial")
-        if max_failures < 0:
-            raise click.BadParameter("must be >= 0", param_hint="--max-failures")
         from_db = resume and preset_name is None and spec_file is None
-        if from_db and not name:
-            raise click.UsageError("--resume needs --name NAME (the sweep to continue)")
-        if from_db and snapshots is not None:
-            raise click.UsageError("--snapshots is part of the stored spec: resume without it")
-        if prune_age < 0:
-            raise click.BadParameter("must be >= 0", param_hint="--prune-age")
+        _check_sweep_args(address, cluster_file, cpus_per_trial, gpus_per_trial, max_failures,
+                          from_db, name, snapshots, prune_age)
         plan = None if from_db else plan_from(preset_name, spec_file, name=name, data=data,
                                               sets=sets, snapshots=snapshots)
         if dry_run and not cluster_file:
-            if plan is None:
-                raise click.UsageError("--dry-run needs --preset or --spec")
-            from qkgeom.sweep import plan_summary
-
-            click.echo(json.dumps(plan_summary(plan), indent=1))
+            _print_plan(plan)
             return
         if cluster_file:
-            from qkgeom.tune import launch_on_cluster
+            from qkgeom.cluster import launch_on_cluster
 
             launch_on_cluster(
                 cluster_file, plan=plan, name=name or plan.name, spec_file=spec_file,
@@ -112,48 +97,89 @@ def sweep(preset_name: str | None, spec_file: str | None, name: str | None, db: 
                 dry_run=dry_run,
             )
             return
+        _run_here(plan, name, db, address=address, storage=storage, resume=resume,
+                  cpus_per_trial=cpus_per_trial, gpus_per_trial=gpus_per_trial,
+                  max_concurrent=max_concurrent, max_failures=max_failures,
+                  direct_writes=direct_writes, progress_every_s=progress_every,
+                  prune_age_s=prune_age)
 
-        from qkgeom.tune import SweepOptions, plan_for_resume, run_sweep, shutdown
 
-        if direct_writes and db is not None and not _is_pg(db):
-            from qkgeom.tune import SweepError
+def _check_sweep_args(address: str | None, cluster_file: str | None, cpus_per_trial: float,
+                      gpus_per_trial: float | None, max_failures: int, from_db: bool,
+                      name: str | None, snapshots: str | None, prune_age: float) -> None:
+    """Refuse option combinations that cannot run (``from_db``: a resume without a spec,
+    rebuilt from the database)."""
+    if address and cluster_file:
+        raise click.UsageError("give either --address or --cluster, not both")
+    if cpus_per_trial <= 0:
+        raise click.BadParameter("must be positive", param_hint="--cpus-per-trial")
+    if gpus_per_trial is not None and gpus_per_trial < 0:
+        raise click.BadParameter("must be >= 0", param_hint="--gpus-per-trial")
+    if max_failures < 0:
+        raise click.BadParameter("must be >= 0", param_hint="--max-failures")
+    if from_db and not name:
+        raise click.UsageError("--resume needs --name NAME (the sweep to continue)")
+    if from_db and snapshots is not None:
+        raise click.UsageError("--snapshots is part of the stored spec: resume without it")
+    if prune_age < 0:
+        raise click.BadParameter("must be >= 0", param_hint="--prune-age")
 
-            raise SweepError("--direct-writes needs a PostgreSQL database; drop it to let "
-                             "the driver write (works with SQLite)")
-        if plan is None:
-            from qkgeom.store import resolve_url
 
-            plan = plan_for_resume(name, resolve_url(db))
-        opts = SweepOptions(db_url=db, address=address, storage=storage, resume=resume,
-                            cpus_per_trial=cpus_per_trial, gpus_per_trial=gpus_per_trial,
-                            max_concurrent=max_concurrent, max_failures=max_failures,
-                            direct_writes=direct_writes, progress_every_s=progress_every,
-                            prune_age_s=prune_age)
-        try:
-            summary = run_sweep(plan, opts)
-        except KeyboardInterrupt:  # a second signal, or one outside Tune's loop
-            summary = None
-        finally:
-            shutdown()
-        if summary is None or summary.get("interrupted"):
-            _report_interrupted(plan.name, db)
-        rows = status_rows(summary["db_url"], plan.name)
-        click.echo("")
-        click.echo(format_status(rows))
-        n_err = summary["errors"]
-        click.echo(f"\nsweep {plan.name}: {len(rows) - n_err}/{len(rows)} trials terminated "
-                   f"in {summary['wall_s']:.0f} s")
-        from qkgeom.store import safe_url
+def _print_plan(plan: SweepPlan | None) -> None:
+    """``--dry-run`` without ``--cluster``: the plan's trials, as JSON."""
+    if plan is None:
+        raise click.UsageError("--dry-run needs --preset or --spec")
+    from qkgeom.sweep import plan_summary
 
-        url = safe_url(summary["db_url"])
-        click.echo("results:\n"
-                   f"  qkgeom status --name {plan.name} --db '{url}'\n"
-                   f"  qkgeom query --db '{url}' \"SELECT * FROM trials\"\n"
-                   f"  qkgeom stats sign-test --sweep {plan.name} --db '{url}'")
-        if n_err:
-            raise click.ClickException(
-                f"{n_err} trial(s) did not finish; retry them from their checkpoints with: "
-                f"qkgeom sweep --resume --name {plan.name}" + (f" --db '{url}'" if db else ""))
+    click.echo(json.dumps(plan_summary(plan), indent=1))
+
+
+def _run_here(plan: SweepPlan | None, name: str | None, db: str | None,
+              **options: Any) -> None:
+    """Run the sweep from this process (local Ray, or ``--address``), then print the
+    trials' table and how to read the results; ``options``: :class:`SweepOptions` fields."""
+    from qkgeom.tune import SweepOptions, plan_for_resume, run_sweep, shutdown
+
+    if options["direct_writes"] and db is not None and not _is_pg(db):
+        from qkgeom.sweep import SweepError
+
+        raise SweepError("--direct-writes needs a PostgreSQL database; drop it to let "
+                         "the driver write (works with SQLite)")
+    if plan is None:
+        from qkgeom.store import resolve_url
+
+        plan = plan_for_resume(name, resolve_url(db))
+    try:
+        summary = run_sweep(plan, SweepOptions(db_url=db, **options))
+    except KeyboardInterrupt:  # a second signal, or one outside Tune's loop
+        summary = None
+    finally:
+        shutdown()
+    if summary is None or summary.get("interrupted"):
+        _report_interrupted(plan.name, db)
+    _print_summary(plan.name, summary, db)
+
+
+def _print_summary(name: str, summary: dict[str, Any], db: str | None) -> None:
+    """The trials' table, the totals and the commands that read the results; a
+    ClickException when trials did not finish."""
+    from qkgeom.store import safe_url
+
+    rows = status_rows(summary["db_url"], name)
+    click.echo("")
+    click.echo(format_status(rows))
+    n_err = summary["errors"]
+    click.echo(f"\nsweep {name}: {len(rows) - n_err}/{len(rows)} trials terminated "
+               f"in {summary['wall_s']:.0f} s")
+    url = safe_url(summary["db_url"])
+    click.echo("results:\n"
+               f"  qkgeom status --name {name} --db '{url}'\n"
+               f"  qkgeom query --db '{url}' \"SELECT * FROM trials\"\n"
+               f"  qkgeom stats sign-test --sweep {name} --db '{url}'")
+    if n_err:
+        raise click.ClickException(
+            f"{n_err} trial(s) did not finish; retry them from their checkpoints with: "
+            f"qkgeom sweep --resume --name {name}" + (f" --db '{url}'" if db else ""))
 
 
 def _report_interrupted(name: str, db: str | None) -> None:
@@ -163,10 +189,10 @@ def _report_interrupted(name: str, db: str | None) -> None:
     import sys
 
     from qkgeom.store import resolve_url, safe_url
-    from qkgeom.tune import _DRIVER, _absolute_sqlite
+    from qkgeom.tune import absolute_sqlite_url, interrupted_by
 
-    why = _DRIVER.get("interrupted") or "SIGINT"
-    url = _absolute_sqlite(resolve_url(db))
+    why = interrupted_by() or "SIGINT"
+    url = absolute_sqlite_url(resolve_url(db))
     try:
         rows = status_rows(url, name)
     except Exception:  # the sweep may not have reached the database
@@ -192,8 +218,7 @@ def status_rows(db: str | None, name: str | None) -> list[dict[str, Any]]:
     """Per-trial progress of sweep ``name`` (or the only sweep) from the database."""
     from qkgeom.store import open_store
 
-    store = open_store(db, create=False, readonly=True)
-    try:
+    with open_store(db, create=False, readonly=True) as store:
         if name is None:
             sweeps = store.sweeps()["name"].to_list()
             if len(sweeps) != 1:
@@ -206,20 +231,8 @@ def status_rows(db: str | None, name: str | None) -> list[dict[str, Any]]:
         trials = store.trials(name).select(
             "id", "trial_key", "status", "attempts", "host", "device", "config", "error",
             "test_loss")
-        last = store.sql(
-            "SELECT p.trial_id, p.step, p.val_loss FROM probes p JOIN trials t "
-            "ON t.id = p.trial_id WHERE t.sweep_id = :s ORDER BY p.trial_id, p.step",
-            {"s": sid})
-        snaps = store.sql(
-            "SELECT c.trial_id, count(*) AS n FROM checkpoints c JOIN trials t "
-            "ON t.id = c.trial_id WHERE t.sweep_id = :s AND c.kind = 'snapshot' "
-            "GROUP BY c.trial_id", {"s": sid})
-    finally:
-        store.close()
-    n_snaps = {int(t): int(n) for t, n in snaps.iter_rows()}
-    last_by: dict[int, tuple[int, float]] = {}
-    for tid, step, val in last.iter_rows():
-        last_by[tid] = (step, val)
+        last_by = store.last_probes(sid)
+        n_snaps = store.snapshot_counts(sid)
     rows = []
     for tid, key, status, attempts, host, device, config, error, test in trials.iter_rows():
         cfg = json.loads(config) if isinstance(config, str) else (config or {})
@@ -260,7 +273,7 @@ def format_status(rows: list[dict[str, Any]]) -> str:
 
 @main.command()
 @click.option("--name", default=None, help="Sweep name (optional with a single sweep).")
-@click.option("--db", default=None, metavar="URL", help=DB_HELP)
+@db_option
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 def status(name: str | None, db: str | None, as_json: bool) -> None:
     """Per-trial progress of a sweep, read from the database (works while it runs)."""

@@ -52,6 +52,8 @@ class ProgressLine:
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Run directory for config.json, probes.jsonl and checkpoints "
               "(default runs/train-<preset>-<time>).")
+# not cli.common.db_option: without --db (or $QKGEOM_DB) a run is recorded nowhere, where
+# every other command falls back to sqlite:///qkgeom.db
 @click.option("--db", default=None,
               help="Also record into this results database (URL or SQLite path; "
               "$QKGEOM_DB is used when set).")
@@ -92,21 +94,21 @@ def train(preset_name, data, sets, out, db, sweep_name, checkpoints, resume_dir,
         run_dir = Path(out or f"runs/train-{preset_name}-{time.strftime('%Y%m%d-%H%M%S')}")
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
-        sink = Recorder(run_dir, db or os.environ.get("QKGEOM_DB"), sweep_name, cfg)
-        bar = ProgressLine(cfg.max_steps, enabled=not quiet)
-        click.echo(f"qkgeom train: preset {preset_name}, {cfg.n_layer} layers, n_embd "
-                   f"{cfg.n_embd}, init {cfg.init}, arm {cfg.arm}, seed {cfg.seed} -> {run_dir}",
-                   err=True)
-        try:
-            result = run_trial(
-                cfg, sink,
-                checkpoint_dir=run_dir / "checkpoints" if checkpoints else None,
-                resume_from=resume_dir, progress=bar, corpus=corpus,
-            )
-        except BaseException as e:
-            sink.failed(e)
-            raise
-        sink.finished(result)
+        with Recorder(run_dir, db or os.environ.get("QKGEOM_DB"), sweep_name, cfg) as sink:
+            bar = ProgressLine(cfg.max_steps, enabled=not quiet)
+            click.echo(f"qkgeom train: preset {preset_name}, {cfg.n_layer} layers, n_embd "
+                       f"{cfg.n_embd}, init {cfg.init}, arm {cfg.arm}, seed {cfg.seed} -> "
+                       f"{run_dir}", err=True)
+            try:
+                result = run_trial(
+                    cfg, sink,
+                    checkpoint_dir=run_dir / "checkpoints" if checkpoints else None,
+                    resume_from=resume_dir, progress=bar, corpus=corpus,
+                )
+            except BaseException as e:
+                sink.failed(e)
+                raise
+            sink.finished(result)
         summary = {**result.__dict__, "run_dir": str(run_dir)}
         (run_dir / "result.json").write_text(json.dumps(summary, indent=2) + "\n")
 
@@ -140,29 +142,54 @@ def _clear_run_dir(run_dir: Path) -> None:
 
 
 class Recorder:
-    """Appends each probe to probes.jsonl (flushed: survives a crash) and, with --db, stores it."""
+    """Appends each probe to probes.jsonl (flushed: survives a crash) and, with --db, stores
+    it; the trial's status moves through :class:`qkgeom.lifecycle.TrialLifecycle`, as a
+    sweep's trials do. A context manager: leaving it closes the file and the database."""
 
     def __init__(self, run_dir: Path, db: str | None, sweep_name: str, cfg) -> None:
+        from qkgeom.sweep import trial_key
+
         self.path = run_dir / "probes.jsonl"
         self.fh = self.path.open("a", encoding="utf-8")
         self.last = None
         self.store = None
+        self.lifecycle = None
         self.trial_id = None
-        self.trial_key = f"d{cfg.n_layer}-{cfg.init}-{cfg.arm}-s{cfg.seed}"
+        self.trial_key = trial_key(cfg.n_layer, cfg.init, cfg.arm, cfg.seed)
         if db:
-            from qkgeom import __version__
-            from qkgeom.store import open_store, resolve_url, safe_url
+            try:
+                self._open(db, sweep_name, cfg)
+            except BaseException:
+                self.close()
+                raise
 
-            url = resolve_url(db)
-            self.url_shown = safe_url(url)
-            self.store = open_store(url)
-            self._check_existing(sweep_name, cfg)
-            sid = self.store.ensure_sweep(sweep_name, {"kind": "train"}, __version__)
-            self.trial_id = self.store.ensure_trial(
-                sid, self.trial_key, cfg.to_dict(), depth=cfg.n_layer, init=cfg.init,
-                arm=cfg.arm, seed=cfg.seed, status="running",
-            )
-            self.store.set_trial_status(self.trial_id, "running", bump_attempts=True)
+    def _open(self, db: str, sweep_name: str, cfg) -> None:
+        from qkgeom import __version__
+        from qkgeom.lifecycle import TrialLifecycle
+        from qkgeom.store import open_store, resolve_url, safe_url
+
+        url = resolve_url(db)
+        self.url_shown = safe_url(url)
+        self.store = open_store(url)
+        self._check_existing(sweep_name, cfg)
+        sid = self.store.ensure_sweep(sweep_name, {"kind": "train"}, __version__)
+        self.trial_id = self.store.ensure_trial(
+            sid, self.trial_key, cfg.to_dict(), depth=cfg.n_layer, init=cfg.init,
+            arm=cfg.arm, seed=cfg.seed, status="running",
+        )
+        self.lifecycle = TrialLifecycle(self.store)
+        self.lifecycle.started(self.trial_id)
+
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.fh.close()
+        if self.store is not None:
+            self.store.close()
 
     def _check_existing(self, sweep_name: str, cfg) -> None:
         """Refuse to write into a sweep made by ``qkgeom sweep``, or into a stored trial
@@ -194,13 +221,16 @@ class Recorder:
 
     def failed(self, e: BaseException) -> None:
         self.fh.close()
-        if self.store is not None:
-            status = "interrupted" if isinstance(e, KeyboardInterrupt) else "error"
-            self.store.set_trial_status(self.trial_id, status, error=f"{type(e).__name__}: {e}")
+        if self.lifecycle is not None:
+            error = f"{type(e).__name__}: {e}"
+            if isinstance(e, KeyboardInterrupt):
+                self.lifecycle.interrupted(self.trial_id, error)
+            else:
+                self.lifecycle.failed(self.trial_id, error)
 
     def finished(self, result) -> None:
         self.fh.close()
-        if self.store is not None:
-            self.store.set_trial_result(self.trial_id, test_loss=result.test_loss)
-            self.store.set_trial_status(self.trial_id, "terminated", device=result.device,
-                                        host=result.extra.get("host"))
+        if self.lifecycle is not None:
+            self.lifecycle.result(self.trial_id, test_loss=result.test_loss)
+            self.lifecycle.finished(self.trial_id, device=result.device,
+                                    host=result.extra.get("host"))

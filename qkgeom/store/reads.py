@@ -2,6 +2,7 @@
 and parquet export. Results are polars DataFrames or plain dataclasses, never ORM rows."""
 
 from __future__ import annotations
+from collections.abc import Sequence
 
 import json
 import os
@@ -20,7 +21,7 @@ from qkgeom.store.frames import (
     run_query,
     view_column_type,
 )
-from qkgeom.store.models import Probe, ProbeMetric, Sweep, TrainStep, Trial
+from qkgeom.store.models import Checkpoint, Probe, ProbeMetric, Sweep, TrainStep, Trial
 
 
 @dataclass(frozen=True)
@@ -272,3 +273,58 @@ class Reads(StoreBase):
                     writer.close()
         tmp.replace(path)
         return ExportedFile(name=name, path=path, rows=rows)
+
+    # ------------------------------------------------------------------ sweep-side reads
+    def layer_metric_rows(self, trial_ids: Sequence[int], metric: str
+                          ) -> dict[int, list[tuple[int, int, float | None]]]:
+        """trial id -> its layer-level rows ``(step, layer, value)`` of ``metric``
+        (``head`` NULL), ordered by step and layer; a NaN value (stored NULL) is None.
+        A trial without such rows is absent."""
+        from sqlalchemy import bindparam, select
+
+        m = ProbeMetric.__table__
+        q = (select(m.c.trial_id, m.c.step, m.c.layer, m.c.value)
+             .where(m.c.trial_id.in_(bindparam("trial_ids", expanding=True)),
+                    m.c.metric == bindparam("metric"), m.c.head.is_(None))
+             .order_by(m.c.trial_id, m.c.step, m.c.layer))
+        out: dict[int, list[tuple[int, int, float | None]]] = {}
+        if not trial_ids:
+            return out
+        with self._read() as conn:
+            rows = conn.execute(q, {"trial_ids": [int(t) for t in trial_ids],
+                                    "metric": metric}).all()
+        for tid, step, layer, value in rows:
+            out.setdefault(int(tid), []).append((int(step), int(layer), value))
+        return out
+
+    def last_probes(self, sweep_id: int) -> dict[int, tuple[int, float | None]]:
+        """trial id -> ``(step, val_loss)`` of its last probe, for the trials of a sweep
+        that have one (val_loss None when stored as NULL)."""
+        from sqlalchemy import bindparam, func, select
+
+        p, t = Probe.__table__, Trial.__table__
+        last = (select(p.c.trial_id, func.max(p.c.step).label("step"))
+                .join(t, t.c.id == p.c.trial_id)
+                .where(t.c.sweep_id == bindparam("sweep_id"))
+                .group_by(p.c.trial_id).subquery())
+        q = select(p.c.trial_id, p.c.step, p.c.val_loss).join(
+            last, (last.c.trial_id == p.c.trial_id) & (last.c.step == p.c.step))
+        with self._read() as conn:
+            rows = conn.execute(q, {"sweep_id": int(sweep_id)}).all()
+        return {int(tid): (int(step), val) for tid, step, val in rows}
+
+    def snapshot_counts(self, sweep_id: int) -> dict[int, int]:
+        """trial id -> how many weight snapshots (``checkpoints`` of kind ``snapshot``) the
+        database records for it, for the trials of a sweep that have any."""
+        from sqlalchemy import bindparam, func, select
+
+        c, t = Checkpoint.__table__, Trial.__table__
+        q = (select(c.c.trial_id, func.count().label("n"))
+             .join(t, t.c.id == c.c.trial_id)
+             .where(t.c.sweep_id == bindparam("sweep_id"), c.c.kind == bindparam("kind"))
+             .group_by(c.c.trial_id))
+        with self._read() as conn:
+            rows = conn.execute(q, {"sweep_id": int(sweep_id), "kind": "snapshot"}).all()
+        return {int(tid): int(n) for tid, n in rows}
+
+

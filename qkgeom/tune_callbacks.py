@@ -1,0 +1,365 @@
+"""The driver's side of a running sweep: Tune's callbacks and the stop signals.
+
+:class:`DbWriter` is the single database writer (safe for SQLite), in the driver: probe
+rows and, through :class:`qkgeom.lifecycle.TrialLifecycle`, the trial lifecycle (pending
+-> running -> error | terminated, attempts, host, device, checkpoints). With
+``direct_writes`` (PostgreSQL only) the workers write their own probe rows and the
+callback keeps the lifecycle. :class:`ProgressReporter` prints one concise progress line.
+SIGINT/SIGTERM in the driver are forwarded into Tune's graceful stop
+(:func:`install_signal_handlers`).
+
+Tune pickles the whole ``RunConfig`` (callbacks included) into the experiment state and
+brings the callbacks back from that pickle on restore, so callbacks hold no engine and no
+database URL (it may carry a password): what the driver shares with them lives in
+:data:`DRIVER`, filled by :func:`qkgeom.tune.run_sweep` in the driver process.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ray.tune import Callback
+
+from qkgeom.sweep import SweepError
+from qkgeom.tune_trial import storage_location, trial_name
+
+if TYPE_CHECKING:
+    from qkgeom.lifecycle import TrialLifecycle
+    from qkgeom.store import Store
+
+# Driver-process state that must never be pickled into the experiment (see module doc):
+# db_url, storage, say, plan_steps, finished, finished_before, interrupted, in_fit, ...
+DRIVER: dict[str, Any] = {}
+
+
+def _error_text(trial: Any) -> str:
+    path = getattr(trial, "error_file", None)
+    try:
+        text = Path(path).read_text() if path else ""
+    except OSError:
+        text = ""
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    if not lines:
+        return "trial failed (no error text from Ray)"
+    # the exception line last, after a short traceback tail
+    return "\n".join(lines[-12:])[-4000:]
+
+
+class DbWriter(Callback):
+    """The single database writer, in the driver. Holds no engine when pickled.
+
+    ``keep_recent_s``: the prune age (seconds) of superseded resume checkpoints, see
+    :meth:`_prune`.
+    """
+
+    def __init__(self, sweep: str, direct_writes: bool = False, keep_last: int = 2,
+                 keep_recent_s: float = 60.0) -> None:
+        self.sweep = sweep
+        self.direct_writes = direct_writes
+        self.keep_last = keep_last
+        self.keep_recent_s = keep_recent_s
+        self.__dict__.update(self._transient())
+
+    @staticmethod
+    def _transient() -> dict[str, Any]:
+        """The driver-only state: none of it is pickled into the experiment."""
+        return {
+            "_store": None,
+            "_lifecycle": None,
+            "_ids": {},  # trial key -> trials.id
+            "_seen": set(),  # trials whose current attempt has reported
+            "_ckpts": {},  # trial id -> [(time registered, step, location, Checkpoint)]
+        }
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, **self._transient()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # fresh driver state, also for a state pickled by an older qkgeom
+        self.__dict__.update({**state, **self._transient()})
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            from qkgeom.store import open_store
+
+            if "db_url" not in DRIVER:
+                raise SweepError("internal: the sweep driver has no database URL")
+            self._store = open_store(DRIVER["db_url"])
+        return self._store
+
+    @property
+    def lifecycle(self) -> TrialLifecycle:
+        if self._lifecycle is None:
+            from qkgeom.lifecycle import TrialLifecycle
+
+            self._lifecycle = TrialLifecycle(self.store)
+        return self._lifecycle
+
+    def _tid(self, trial: Any) -> int:
+        key = trial.config["trial"]["key"]
+        if key not in self._ids:
+            sid = self.store.require_sweep(self.sweep)
+            tid = self.store.trial_id(sid, key)
+            if tid is None:
+                raise SweepError(f"trial {key} of sweep {self.sweep} is not in the database")
+            self._ids[key] = tid
+        return self._ids[key]
+
+    @staticmethod
+    def _finished(trial: Any) -> bool:
+        return trial.config["trial"]["key"] in DRIVER.get("finished", ())
+
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        if self._finished(trial):  # done before a driver crash; the trainable skips it
+            return
+        self._seen.discard(trial.trial_id)
+        self.lifecycle.started(self._tid(trial))
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,
+                        **info: Any) -> None:
+        from qkgeom.records import ProbeRecord
+
+        tid = self._tid(trial)
+        if trial.trial_id not in self._seen:
+            self._seen.add(trial.trial_id)
+            self.lifecycle.placed(tid, host=result.get("host"), device=result.get("device"))
+        rec = result.get("record")
+        if rec:
+            self.store.write_probe(tid, ProbeRecord.from_dict(json.loads(rec)))
+        if result.get("snapshot") and result.get("step") is not None:
+            self.store.add_checkpoint(tid, int(result["step"]), result["snapshot"],
+                                      kind="snapshot")
+        if "test_loss" in result:
+            self.lifecycle.result(tid, test_loss=result["test_loss"])
+
+    def on_checkpoint(self, iteration: int, trials: list, trial: Any, checkpoint: Any,
+                      **info: Any) -> None:
+        step = (trial.last_result or {}).get("step")
+        storage = getattr(trial, "storage", None)
+        loc = storage_location(checkpoint.filesystem, str(checkpoint.path),
+                               getattr(storage, "storage_fs_path", None),
+                               DRIVER.get("storage"))
+        tid = self._tid(trial)
+        if step is not None:
+            self.store.add_checkpoint(tid, int(step), loc, kind="resume")
+        self._prune(trial.trial_id, tid, step, loc, checkpoint)
+
+    def _prune(self, trial_id: str, tid: int, step: int | None, loc: str,
+               checkpoint: Any) -> None:
+        """Delete superseded resume checkpoints, but only old ones, and their rows.
+
+        Tune's own ``num_to_keep`` deletes a checkpoint as soon as newer ones exist, yet the
+        experiment snapshot (taken every few seconds) may still name it: a driver killed
+        then leaves a restore pointing at nothing. We keep the newest ``keep_last`` and
+        every checkpoint younger than ``keep_recent_s``, far longer than the snapshot period.
+        A deleted checkpoint's ``checkpoints`` row goes with it; one that could not be
+        deleted keeps its row and is tried again at the next checkpoint.
+        """
+        now = time.monotonic()
+        lst = self._ckpts.setdefault(trial_id, [])
+        lst.append((now, step, loc, checkpoint))
+        keep = lst[-self.keep_last:] if self.keep_last > 0 else []
+        for item in list(lst):
+            t, st, where, ck = item
+            if any(ck is k[3] for k in keep) or now - t < self.keep_recent_s:
+                continue
+            try:
+                ck.filesystem.delete_dir(ck.path)
+            except Exception:  # already gone, or a storage hiccup: look before forgetting
+                if _exists(ck.filesystem, ck.path):
+                    continue
+            if st is not None:
+                self.store.delete_checkpoint(tid, int(st), kind="resume", location=where)
+            lst.remove(item)
+
+    def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._seen.discard(trial.trial_id)
+        self.lifecycle.retrying(self._tid(trial), _error_text(trial))
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.lifecycle.failed(self._tid(trial), _error_text(trial))
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        # trial.status still reads RUNNING here: write the terminal state ourselves
+        if self._finished(trial):
+            return
+        last = trial.last_result or {}
+        if DRIVER.get("interrupted") and last.get("step") != last.get("max_steps"):
+            return  # stopped by a signal, not finished: run_sweep records it as interrupted
+        self.lifecycle.finished(self._tid(trial))
+
+    def on_experiment_end(self, trials: list, **info: Any) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = self._lifecycle = None
+
+
+def _exists(fs: Any, path: str) -> bool:
+    import pyarrow.fs as pafs
+
+    try:
+        return fs.get_file_info(path).type != pafs.FileType.NotFound
+    except Exception:
+        return True  # cannot tell: keep the row
+
+
+def _fmt_s(s: float) -> str:
+    if not math.isfinite(s):
+        return "?"
+    s = int(round(s))
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
+class ProgressReporter(Callback):
+    """A concise progress line (trials done/running/failed/pending, steps, ETA)."""
+
+    def __init__(self, every_s: float = 10.0) -> None:
+        self.every_s = every_s
+        self._reset()
+
+    def _reset(self) -> None:
+        self._t0: float | None = None
+        self._steps0: int | None = None
+        self._last_line = ""
+        self._last_t = 0.0
+
+    def __getstate__(self) -> dict[str, Any]:
+        d = self.__dict__.copy()
+        d.update(_t0=None, _steps0=None, _last_line="", _last_t=0.0)
+        return d
+
+    def line(self, trials: list) -> tuple[str, str]:
+        """Counts over the whole plan (``DRIVER["plan_steps"]``: key -> max_steps), so the
+        total is the same from the first line on: trials Tune has not created yet are
+        pending, trials the database already holds as finished are done."""
+        counts = {"done": 0, "running": 0, "failed": 0, "pending": 0}
+        steps = total = 0
+        plan: dict[str, int] = dict(DRIVER.get("plan_steps") or {})
+        finished = set(DRIVER.get("finished_before") or ()) | set(DRIVER.get("finished", ()))
+        seen = set()
+        for t in trials:
+            key = t.config["trial"]["key"]
+            seen.add(key)
+            ms = int(t.config["trial"]["config"]["max_steps"])
+            total += ms
+            st = "TERMINATED" if key in finished else t.status
+            if st == "TERMINATED":
+                counts["done"] += 1
+                steps += ms
+                continue
+            steps += int((t.last_result or {}).get("step", 0) or 0)
+            if st == "ERROR":
+                counts["failed"] += 1
+            elif st == "RUNNING":
+                counts["running"] += 1
+            else:
+                counts["pending"] += 1
+        for key, ms in plan.items():
+            if key in seen:
+                continue
+            total += ms
+            if key in finished:
+                counts["done"] += 1
+                steps += ms
+            else:
+                counts["pending"] += 1
+        n_trials = len(seen | set(plan))
+        now = time.monotonic()
+        if self._t0 is None:
+            self._t0, self._steps0 = now, steps
+        rate = (steps - self._steps0) / max(now - self._t0, 1e-9)
+        eta = (total - steps) / rate if rate > 0 else math.inf
+        state = (f"{counts['done']}/{n_trials} done, {counts['running']} running, "
+                 f"{counts['failed']} failed, {counts['pending']} pending")
+        text = (f"[{_fmt_s(now - self._t0):>6}] {state} | steps {steps}/{total} "
+                f"({100 * steps / max(total, 1):.0f}%) | ETA {_fmt_s(eta)}")
+        return state, text
+
+    def _maybe_print(self, trials: list, force: bool = False) -> None:
+        if not trials:
+            return
+        state, text = self.line(trials)
+        now = time.monotonic()
+        if force or state != self._last_line or now - self._last_t >= self.every_s:
+            print(text, flush=True)
+            self._last_line, self._last_t = state, now
+
+    def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:
+        if DRIVER.get("interrupted"):
+            forward_stop()  # a signal that came before Tune's own handler was installed
+
+    def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+        self._maybe_print(trials)
+
+    def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        last = _error_text(trial).splitlines()[-1]
+        print(f"  {trial_name(trial)}: failed ({last}); retrying from its last checkpoint",
+              flush=True)
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        last = _error_text(trial).splitlines()[-1]
+        print(f"  {trial_name(trial)}: failed ({last}); no retries left", flush=True)
+
+    def on_experiment_end(self, trials: list, **info: Any) -> None:
+        if DRIVER.get("interrupted"):
+            return  # Tune's view of stopped trials is not the record; the CLI prints that
+        self._maybe_print(trials, force=True)
+
+
+
+# ---------------------------------------------------------------------- signals
+def _on_signal(signum: int, frame: Any) -> None:
+    """SIGINT/SIGTERM in the driver: stop Tune gracefully (once), then record the truth.
+
+    Inside ``fit`` the stop goes through Tune's own SIGUSR1 handler (the graceful path:
+    trials stop, the experiment state is saved); :func:`run_sweep` then marks the trials
+    that were running as ``interrupted``. A second signal, or one outside ``fit``, raises
+    KeyboardInterrupt at once.
+    """
+    if DRIVER.get("interrupted") or not DRIVER.get("in_fit"):
+        DRIVER.setdefault("interrupted", signal.Signals(signum).name)
+        raise KeyboardInterrupt
+    DRIVER["interrupted"] = signal.Signals(signum).name
+    forward_stop(final=False)
+
+
+def forward_stop(final: bool = True) -> None:
+    """Ask Tune to stop, through the handler ``fit`` installs for SIGUSR1 (if it has).
+
+    From the signal handler the installed one may still be an older ``fit``'s (the
+    signal came before this one's setup), so it is called again from Tune's loop
+    (``ProgressReporter.on_step_begin``, ``final=True``) once, where it is this ``fit``'s."""
+    h = signal.getsignal(signal.SIGUSR1)
+    if callable(h) and h is not _on_signal and not DRIVER.get("forwarded"):
+        DRIVER["forwarded"] = final
+        h(signal.SIGUSR1, None)
+
+
+def install_signal_handlers() -> dict[int, Any]:
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # ours forwards to Tune's SIGUSR1
+    old = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        old[sig] = signal.getsignal(sig)
+        signal.signal(sig, _on_signal)
+    return old
+
+
+def restore_signal_handlers(old: dict[int, Any]) -> None:
+    for sig, h in old.items():
+        signal.signal(sig, h)
+
