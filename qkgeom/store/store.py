@@ -699,6 +699,27 @@ class Store:
         tmp.replace(path)
         return ExportedFile(name=name, path=path, rows=rows)
 
+    # --- checkpoint / pretrained reads (moved from pretrained.py, issue 13)
+    def trial_checkpoints(self, sweep: str, trial_key: str) -> list[tuple[int, str, str]]:
+        """``(step, kind, location)`` of every checkpoint row of trial ``trial_key`` of sweep
+        ``sweep``, ordered by step; empty when none are recorded (or no such trial)."""
+        from sqlalchemy import select
+
+        c, t, s = Checkpoint.__table__, Trial.__table__, Sweep.__table__
+        q = (select(c.c.step, c.c.kind, c.c.location)
+             .join(t, t.c.id == c.c.trial_id).join(s, s.c.id == t.c.sweep_id)
+             .where(s.c.name == sweep, t.c.trial_key == trial_key).order_by(c.c.step))
+        with self._read() as conn:
+            return [(int(r.step), str(r.kind), str(r.location)) for r in conn.execute(q)]
+
+    def pretrained_revisions(self, model: str) -> set[str]:
+        """Revisions of pretrained model ``model`` already stored (``pretrained_runs``)."""
+        from sqlalchemy import select
+
+        p = PretrainedRun.__table__
+        with self._read() as conn:
+            return set(conn.execute(select(p.c.revision).where(p.c.model == model)).scalars())
+
 
 def _run(conn: Any, query: str, params: dict | None) -> Any:
     if params is None:
