@@ -78,7 +78,7 @@ def child_smollm2(budget: int, text_path: str, rounds: int) -> dict:
     ids = P.tokenize_text(loaded.tokenizer, text, budget)
     out = dict(budget=budget, load_s=load_s, threads=torch.get_num_threads(), rounds=rounds)
     tok = loaded.tokenizer
-    seqs = P.windows(ids, P.DEFAULT_SEQ_LEN, *P.special_affixes(tok))  # as measure_hf cuts
+    seqs = P.text_windows(ids, P.DEFAULT_SEQ_LEN, *P.special_affixes(tok))  # as measure_hf cuts
     bs = P.DEFAULT_CHUNK_TOKENS // P.DEFAULT_SEQ_LEN
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
 

@@ -166,7 +166,7 @@ def _layout(source: str) -> _Layout:
     if source == "default":
         source = default_source()
     if source in HUB_CONFIGS:
-        source = str(_download(source))
+        source = str(download(source))
     path = Path(source).expanduser()
     if path.is_dir():
         f = {s: path / f"wiki.{s}.raw" for s in ("train", "valid", "test")}
@@ -346,7 +346,7 @@ def _open(key: str, note: str) -> Corpus | None:
     return Corpus(arrs["train"], arrs["val"], arrs["test"], m["chars"], note, key)
 
 
-def _download(name: str) -> Path:
+def download(name: str) -> Path:
     """Fetch raw WikiText through ``datasets`` once; return the directory of .raw files.
 
     One process per machine downloads (a lock); each file is written under a unique

@@ -215,6 +215,8 @@ class _KeyShaper:
         self.a: Tensor | None = None  # (C, C) current linear map on centred keys
         self.pr0: float | None = None
         self.target: float | None = None
+        # Not qkgeom.hooks: this hook lives as long as the model trains (every forward pass
+        # of every step), not for one ``with`` block, so it keeps no handle to remove.
         hook_point.register_forward_hook(self._hook)
 
     def _hook(self, module: torch.nn.Module, inputs: tuple, k: Tensor) -> Tensor:

@@ -19,6 +19,20 @@ import torch
 from torch import Tensor
 
 
+# ---------------------------------------------------------------------- heads
+def split_heads(w: Tensor, n_head: int) -> Tensor:
+    """A projection's torch weight ``[n_head * d_head, d_in]`` as ``[n_head, d_head, d_in]``.
+
+    Row block ``h`` (``w[h*d_head:(h+1)*d_head]``) becomes ``out[h]``: the head axis is real
+    (TransformerLens-style) instead of a slice at every use. A view of ``w`` whenever its
+    layout allows (always for a contiguous weight), so writing into it under ``no_grad``
+    writes the weight; otherwise a copy.
+    """
+    if w.shape[0] % n_head:
+        raise ValueError(f"{w.shape[0]} rows do not split into {n_head} heads")
+    return w.reshape(n_head, w.shape[0] // n_head, w.shape[-1])
+
+
 # ---------------------------------------------------------------------- spectra
 # Each metric has a ``*_t`` form returning a 0-d float64 tensor on the input's device
 # (no host-device sync: a probe reads all of them at once) and a float form. An undefined

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkgeom.config import TrialConfig
+from qkgeom.metrics import split_heads
 
 
 class HookPoint(nn.Module):
@@ -134,6 +135,17 @@ class GPT(nn.Module):
     def attn_layers(self) -> list[CausalSelfAttention]:
         return [blk.attn for blk in self.blocks]
 
+    def head_weights(self, layer: int) -> tuple[Tensor, Tensor]:
+        """``(W_Q, W_K)`` of attention layer ``layer``, each ``[n_head, d_head, n_embd]``.
+
+        ``W_Q[h]`` is head ``h``'s rows of ``q_proj.weight`` (torch layout ``[d_out, d_in]``:
+        the head computes ``x @ W_Q[h].T``); TransformerLens's ``W_Q[layer, h]`` is its
+        transpose. Views of the parameters: writing into them under ``no_grad`` changes the
+        model; read-only users detach.
+        """
+        a = self.blocks[layer].attn
+        return split_heads(a.q_proj.weight, a.n_head), split_heads(a.k_proj.weight, a.n_head)
+
 
 # ---------------------------------------------------------------------- Q/K inits
 # Each entry re-initialises W_Q and/or W_K of every layer, in place, from ``gen``.
@@ -182,13 +194,13 @@ def init_orthogonal(model: GPT, gen: torch.Generator) -> None:
     cfg = model.cfg
     hs, std = cfg.d_head, cfg.init_std
     r = hs // 2
-    for a in model.attn_layers():
+    for li in range(cfg.n_layer):
+        wq, wk = model.head_weights(li)  # (nh, hs, C) views of the weights
         for h in range(cfg.n_head):
             basis, _ = torch.linalg.qr(torch.randn(hs, hs, generator=gen, dtype=torch.float64))
             u, w = basis[:, :r], basis[:, r:]  # (hs, r), (hs, hs - r) orthogonal complements
             gq = torch.randn(r, cfg.n_embd, generator=gen, dtype=torch.float64)
             gk = torch.randn(hs - r, cfg.n_embd, generator=gen, dtype=torch.float64)
-            rows = slice(h * hs, (h + 1) * hs)
             # W_q_h = u @ gq has columns in span(u); W_k_h columns in span(w): W_q_h^T W_k_h = 0
-            a.q_proj.weight[rows] = (u @ gq * std * math.sqrt(hs / r)).float()
-            a.k_proj.weight[rows] = (w @ gk * std * math.sqrt(hs / (hs - r))).float()
+            wq[h] = (u @ gq * std * math.sqrt(hs / r)).float()
+            wk[h] = (w @ gk * std * math.sqrt(hs / (hs - r))).float()

@@ -8,14 +8,15 @@ long rows ``(layer, head | None, name, value)`` (see :data:`qkgeom.records.METRI
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
 from qkgeom import metrics as M
+from qkgeom.hooks import capture_outputs
 from qkgeom.model import GPT
-
-Row = tuple[int, "int | None", str, float]
+from qkgeom.records import Row
 
 
 class _Rows:
@@ -50,30 +51,44 @@ class _Rows:
         return out
 
 
-def _weight_terms(model: GPT, rows: _Rows) -> None:
-    nh, hs = model.cfg.n_head, model.cfg.d_head
-    for li, a in enumerate(model.attn_layers()):
-        wq, wk = a.q_proj.weight.detach(), a.k_proj.weight.detach()  # (C, C) each
-        rows.add(li, None, "pr_wq", M.weight_pr_t(wq))
-        rows.add(li, None, "pr_wk", M.weight_pr_t(wk))
-        # all heads at once: (nh, hs, C) -> (nh, hs) singular values
-        s_all = M.interaction_singular_values(wq.view(nh, hs, -1), wk.view(nh, hs, -1))
+def _weight_terms(qk: Sequence[tuple[Tensor, Tensor]], rows: _Rows) -> None:
+    for li, (wq, wk) in enumerate(qk):
+        wq, wk = wq.detach(), wk.detach()  # (H, dh, d), (H_kv, dh, d)
+        nh, nkv = wq.shape[0], wk.shape[0]
+        rows.add(li, None, "pr_wq", M.weight_pr_t(wq.reshape(-1, wq.shape[-1])))
+        rows.add(li, None, "pr_wk", M.weight_pr_t(wk.reshape(-1, wk.shape[-1])))
+        if nkv != nh:  # query head h meets key head h // (H / H_kv), as repeat_kv pairs them
+            wk = wk[torch.arange(nh, device=wk.device) // (nh // nkv)]  # (H, dh, d)
+        # all heads at once: (nh, dh, d) -> (nh, dh) singular values
+        s_all = M.interaction_singular_values(wq, wk)
         qk_pr, qk_er = [], []
         for h in range(nh):
-            sl = slice(h * hs, (h + 1) * hs)
-            rows.add(li, h, "pr_wq", M.weight_pr_t(wq[sl]))
-            rows.add(li, h, "pr_wk", M.weight_pr_t(wk[sl]))
+            rows.add(li, h, "pr_wq", M.weight_pr_t(wq[h]))
+            rows.add(li, h, "pr_wk", M.weight_pr_t(wk[h]))
             qk_pr.append(rows.add(li, h, "qk_pr", M.spectrum_pr_t(s_all[h])))
             qk_er.append(rows.add(li, h, "qk_erank", M.effective_rank_t(s_all[h])))
         rows.add_mean(li, "qk_pr", qk_pr)
         rows.add_mean(li, "qk_erank", qk_er)
 
 
+def head_weight_rows(qk: Sequence[tuple[Tensor, Tensor]]) -> list[Row]:
+    """Weight-spectrum metrics (pr_wq, pr_wk, qk_pr, qk_erank) of per-head weights.
+
+    ``qk``: per layer ``(W_Q, W_K)``, ``[H, d_head, d_model]`` and ``[H_kv, d_head,
+    d_model]`` (torch row layout, see :meth:`qkgeom.model.GPT.head_weights`). With grouped
+    keys (``H_kv < H``) query head ``h`` pairs with key head ``h // (H / H_kv)`` and each
+    query head's ``pr_wk`` repeats its key head's. Layer rows: PR of the whole matrices;
+    mean over heads of the interaction PR and effective rank. Values are computed on the
+    weights' device and read back in one transfer.
+    """
+    rows = _Rows()
+    _weight_terms(qk, rows)
+    return rows.read()
+
+
 def weight_rows(model: GPT) -> list[Row]:
     """Weight-spectrum metrics (no forward pass): pr_wq, pr_wk, qk_pr, qk_erank."""
-    rows = _Rows()
-    _weight_terms(model, rows)
-    return rows.read()
+    return head_weight_rows([model.head_weights(li) for li in range(len(model.blocks))])
 
 
 @torch.no_grad()
@@ -83,30 +98,22 @@ def probe_model(model: GPT, x: Tensor) -> list[Row]:
     Every value is computed on the model's device and read back in one transfer.
     """
     layers = model.attn_layers()
-    captured: list[dict[str, Tensor]] = [{} for _ in layers]
-    handles = []
-    for li, a in enumerate(layers):
-        for name in ("q", "k", "scores", "pattern"):
-            hook = getattr(a, f"hook_{name}")
-
-            def grab(mod, inp, out, li=li, name=name):
-                captured[li][name] = out.detach()
-
-            handles.append(hook.register_forward_hook(grab))
+    points = {(li, name): getattr(a, f"hook_{name}")
+              for li, a in enumerate(layers) for name in ("q", "k", "scores", "pattern")}
     was_training = model.training
     model.eval()
     try:
-        model(x, probe=True)
+        with capture_outputs(points) as captured:
+            model(x, probe=True)
     finally:
-        for hd in handles:
-            hd.remove()
         model.train(was_training)
 
     rows = _Rows()
-    _weight_terms(model, rows)
+    _weight_terms([model.head_weights(li) for li in range(len(layers))], rows)
     t = x.shape[1]
     vis = M.causal_visible(t, device=x.device)  # (T, T)
-    for li, cap in enumerate(captured):
+    for li in range(len(layers)):
+        cap = {name: captured[li, name] for name in ("q", "k", "scores", "pattern")}
         q, k = cap["q"].float(), cap["k"].float()  # (B, nh, T, hs)
         b, nh, _, hs = q.shape
         rows.add(li, None, "pr_q", M.activation_pr_t(q.transpose(1, 2).reshape(-1, nh * hs)))

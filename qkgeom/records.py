@@ -13,6 +13,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+Row = tuple[int, "int | None", str, float]  # (layer, head | None, metric name, value)
 # name -> (unit, meaning). Layer-level rows (head NULL) exist for every name; head-level
 # rows exist for those marked per_head.
 METRICS: dict[str, dict[str, Any]] = {

@@ -28,6 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from qkgeom import metrics as M  # noqa: E402
 from qkgeom import pretrained as P  # noqa: E402
+from qkgeom.pretrained import accumulate  # noqa: E402
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 N_TOKENS = 230
@@ -101,7 +102,7 @@ def _rows(m, name):
 
 def _inputs(loaded: P.Loaded, text: str, seq_len: int):
     ids = P.tokenize_text(loaded.tokenizer, text, N_TOKENS)
-    seqs = P.windows(ids, seq_len, *P.special_affixes(loaded.tokenizer))
+    seqs = P.text_windows(ids, seq_len, *P.special_affixes(loaded.tokenizer))
     return next(P.batches(seqs, len(seqs), 0))
 
 
@@ -254,7 +255,7 @@ def test_logit_blocks_do_not_change_results(monkeypatch):
     vis = M.causal_visible(16)[None, None] & real[:, None, None, :]
     whole = P.GeometryAccumulator(erank_seqs=3)
     whole.update(0, q, k, vis, 0.35, real=real)
-    monkeypatch.setattr(P, "_LOGIT_BLOCK", 16 * 16)  # one sequence and head per block
+    monkeypatch.setattr(accumulate, "_LOGIT_BLOCK", 16 * 16)  # one sequence and head per block
     blocks = P.GeometryAccumulator(erank_seqs=3)
     blocks.update(0, q, k, vis, 0.35, real=real)
     for (*ka, va), (*kb, vb) in zip(whole.rows(), blocks.rows()):
@@ -283,7 +284,7 @@ def test_revision_step_and_windows():
     assert P.revision_step("step3000") == 3000
     assert P.revision_step("step_0000040") == 40
     assert P.revision_step("main") is None and P.revision_step("v1.0") is None
-    w = P.windows(list(range(7)), 5, [100], [101])
+    w = P.text_windows(list(range(7)), 5, [100], [101])
     assert w == [[100, 0, 1, 2, 101], [100, 3, 4, 5, 101], [100, 6, 101]]
     x, am = next(P.batches(w, 8, -1))
     assert x.shape == (3, 5) and am.sum().item() == 13 and x[2, 3].item() == -1

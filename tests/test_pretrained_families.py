@@ -22,6 +22,7 @@ transformers = require("transformers")  # an error under CI, a skip elsewhere
 
 from qkgeom import metrics as M  # noqa: E402
 from qkgeom import pretrained as P  # noqa: E402
+from qkgeom.pretrained.capture import _attention_sites  # noqa: E402
 
 V, D, L = 97, 64, 2
 
@@ -98,7 +99,7 @@ def test_family(family: str):
     text = "the quick brown fox jumps over the lazy dog. " * 4  # 180 tokens
     acc = Recording()
     inputs: dict[int, torch.Tensor] = {}
-    sites = P._attention_sites(model, rotary)
+    sites = _attention_sites(model, rotary)
     assert len(sites) == L
 
     def grab(li):
@@ -117,7 +118,7 @@ def test_family(family: str):
 
     # entropy == the model's own eager attention probabilities
     ids = P.tokenize_text(tok, text, None)
-    seqs = P.windows(ids, 64, tok.prefix, tok.suffix)
+    seqs = P.text_windows(ids, 64, tok.prefix, tok.suffix)
     x, am = next(P.batches(seqs, 8, 0))
     assert (am == 0).any()
     with torch.no_grad():

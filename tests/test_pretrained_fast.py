@@ -14,6 +14,7 @@ import torch
 
 from qkgeom import metrics as M
 from qkgeom import pretrained as P
+from qkgeom.pretrained.accumulate import _entropy_sums, _pr_of_cov
 
 
 def _np_entropy(logits: np.ndarray, vis: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -45,7 +46,7 @@ def test_entropy_from_float32_probabilities_matches_float64_numpy():
     _, _, _, vis, logits = _case()
     v = vis.expand(logits.shape)
     probs = torch.softmax(logits.float().masked_fill(~v, float("-inf")), -1)  # eager: fp32
-    raw, norm = P._entropy_sums(probs, vis)
+    raw, norm = _entropy_sums(probs, vis)
     ref_raw, ref_norm = _np_entropy(logits.numpy(), v.numpy())
     rows = (v.sum(-1) >= 2).sum((0, 2)).numpy()
     np.testing.assert_allclose(raw.numpy() / rows, ref_raw / rows, atol=1e-6, rtol=0)
@@ -87,6 +88,6 @@ def test_pr_from_trace_and_frobenius_matches_numpy_eigenvalues():
     x = g.standard_normal((500, 12)) @ g.standard_normal((12, 12)) + 3.0
     c = np.cov(x, rowvar=False)
     ev = np.clip(np.linalg.eigvalsh(c), 0, None)
-    assert P._pr_of_cov(torch.from_numpy(c)) == pytest.approx(
+    assert _pr_of_cov(torch.from_numpy(c)) == pytest.approx(
         ev.sum() ** 2 / (ev ** 2).sum(), rel=1e-12)
-    assert np.isnan(P._pr_of_cov(torch.zeros(3, 3, dtype=torch.float64)))
+    assert np.isnan(_pr_of_cov(torch.zeros(3, 3, dtype=torch.float64)))

@@ -8,10 +8,7 @@ import time
 import click
 
 from qkgeom.cli import main
-from qkgeom.cli.common import user_errors
-
-DB_HELP = ("Results database: a URL (sqlite:///PATH, postgresql+psycopg://...) or a SQLite "
-           "file path. Default: $QKGEOM_DB, else sqlite:///qkgeom.db.")
+from qkgeom.cli.common import db_option, user_errors
 
 
 def _progress_factory(quiet: bool, live: bool):  # type: ignore[no-untyped-def]
@@ -73,7 +70,7 @@ def _progress_factory(quiet: bool, live: bool):  # type: ignore[no-untyped-def]
 @click.option("--dtype", default="float32", show_default=True,
               help="Weights dtype for transformers models (metrics are float64 anyway).")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda, cuda:1, ...")
-@click.option("--db", "db", default=None, metavar="URL", help=DB_HELP)
+@db_option
 @click.option("--prerot", is_flag=True,
               help="Also measure rotary models' pre-rotary projections (pr_q_prerot, "
                    "pr_k_prerot): two more covariances per layer.")
@@ -135,19 +132,16 @@ def probe_pretrained(model: str | None, gguf_file: str | None, revisions: str | 
         from qkgeom import pretrained as P
         from qkgeom.store import open_store
 
-        store = open_store(db)
         progress = _progress_factory(quiet, live=sys.stderr.isatty())
         ray = None
         if use_ray or address:
-            from qkgeom.pretrained_ray import RayOptions
-
-            ray = RayOptions(address=address, cpus_per_revision=cpus_per_revision,
-                             gpus_per_revision=gpus_per_revision, retries=retries)
+            ray = P.RayOptions(address=address, cpus_per_revision=cpus_per_revision,
+                               gpus_per_revision=gpus_per_revision, retries=retries)
         note = (lambda m: click.echo(f"note: {m}", err=True)) if not quiet else None
         common = dict(text_path=text, max_tokens=max_tokens or None, chunk_tokens=chunk_tokens,
                       erank_seqs=erank_seqs, name=name, device=device, progress=progress,
                       force=force, ray=ray)
-        try:
+        with open_store(db) as store:
             if checkpoints is not None:
                 if seq_len is not None:
                     raise QkgeomError("--seq-len is fixed by a checkpoint's block_size")
@@ -158,8 +152,6 @@ def probe_pretrained(model: str | None, gguf_file: str | None, revisions: str | 
                 done = P.probe_pretrained(model, revisions=rev_list, gguf_file=gguf_file,
                                           seq_len=seq_len, dtype=dtype, store=store,
                                           prerot=prerot, note=note, **common)
-        finally:
-            store.close()
         for s in done:
             m = s.meta
             click.echo(f"{s.model} @ {s.revision} (step {s.step}): {m['n_layers']} layers x "

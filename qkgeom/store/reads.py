@@ -2,10 +2,10 @@
 and parquet export. Results are polars DataFrames or plain dataclasses, never ORM rows."""
 
 from __future__ import annotations
-from collections.abc import Sequence
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -21,7 +21,15 @@ from qkgeom.store.frames import (
     run_query,
     view_column_type,
 )
-from qkgeom.store.models import Checkpoint, Probe, ProbeMetric, Sweep, TrainStep, Trial
+from qkgeom.store.models import (
+    Checkpoint,
+    PretrainedRun,
+    Probe,
+    ProbeMetric,
+    Sweep,
+    TrainStep,
+    Trial,
+)
 
 
 @dataclass(frozen=True)
@@ -326,5 +334,27 @@ class Reads(StoreBase):
         with self._read() as conn:
             rows = conn.execute(q, {"sweep_id": int(sweep_id), "kind": "snapshot"}).all()
         return {int(tid): int(n) for tid, n in rows}
+
+
+    # ------------------------------------------------------------------ checkpoint and pretrained reads
+    def trial_checkpoints(self, sweep: str, trial_key: str) -> list[tuple[int, str, str]]:
+        """``(step, kind, location)`` of every checkpoint row of trial ``trial_key`` of sweep
+        ``sweep``, ordered by step; empty when none are recorded (or no such trial)."""
+        from sqlalchemy import select
+
+        c, t, s = Checkpoint.__table__, Trial.__table__, Sweep.__table__
+        q = (select(c.c.step, c.c.kind, c.c.location)
+             .join(t, t.c.id == c.c.trial_id).join(s, s.c.id == t.c.sweep_id)
+             .where(s.c.name == sweep, t.c.trial_key == trial_key).order_by(c.c.step))
+        with self._read() as conn:
+            return [(int(r.step), str(r.kind), str(r.location)) for r in conn.execute(q)]
+
+    def pretrained_revisions(self, model: str) -> set[str]:
+        """Revisions of pretrained model ``model`` already stored (``pretrained_runs``)."""
+        from sqlalchemy import select
+
+        p = PretrainedRun.__table__
+        with self._read() as conn:
+            return set(conn.execute(select(p.c.revision).where(p.c.model == model)).scalars())
 
 

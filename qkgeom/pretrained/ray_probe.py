@@ -1,7 +1,7 @@
 """Checkpoint families over Ray: one Ray task per revision, stored as each one finishes.
 
 ``qkgeom probe-pretrained --revisions r1,r2,... --ray`` (a local Ray instance) or
-``--address HOST:PORT`` (a running cluster) runs :func:`qkgeom.pretrained.measure_job` for
+``--address HOST:PORT`` (a running cluster) runs :func:`qkgeom.pretrained.runs.measure_job` for
 each revision as a Ray task with ``cpus_per_revision`` CPUs and ``gpus_per_revision``
 (fractional) GPUs. Tasks only measure; the driver writes each revision's rows to the
 database the moment its task returns, so workers need no database access and an
@@ -20,10 +20,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qkgeom.errors import QkgeomError
-from qkgeom.pretrained import PretrainedError, RevisionJob, Stored, measure_job
+from qkgeom.pretrained.base import PretrainedError
+from qkgeom.pretrained.runs import RevisionJob, Stored, measure_job
+
+if TYPE_CHECKING:
+    from qkgeom.store import Store
 
 
 @dataclass
@@ -63,7 +67,7 @@ def _one_line(e: BaseException) -> str:
 
 
 def run_on_ray(name: str, jobs: list[RevisionJob], text: str, text_path: str | Path, *,
-               store: Any | None, opts: RayOptions,
+               store: Store | None, opts: RayOptions,
                note: Callable[[str], None] | None = None, **kw: Any) -> list[Stored]:
     """Measure ``jobs`` as Ray tasks; store each result as it arrives; return what was stored.
 
@@ -78,7 +82,7 @@ def run_on_ray(name: str, jobs: list[RevisionJob], text: str, text_path: str | P
     if opts.gpus_per_revision < 0 or opts.cpus_per_revision <= 0:
         raise PretrainedError("--gpus-per-revision must be >= 0 and --cpus-per-revision > 0")
     started_here = not ray.is_initialized()
-    tune._init_ray(tune.SweepOptions(address=opts.address, num_cpus=opts.num_cpus))
+    tune.init_ray(tune.SweepOptions(address=opts.address, num_cpus=opts.num_cpus))
     try:
         res = ray.cluster_resources()
         if opts.gpus_per_revision > 0 and res.get("GPU", 0) < opts.gpus_per_revision:

@@ -1,0 +1,294 @@
+"""Streaming per-layer query/key statistics: :class:`GeometryAccumulator`.
+
+Fed one chunk of captured ``q`` / ``k`` per layer at a time (by :mod:`.capture` for
+transformers models, by :mod:`.checkpoints` for qkgeom's own GPT), it keeps float64
+covariances and running attention sums, so memory is ``O(n_layers d^2)`` however many
+tokens stream through; :meth:`GeometryAccumulator.rows` turns them into metric rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from qkgeom import metrics as M
+from qkgeom.pretrained.base import DEFAULT_ERANK_SEQS
+from qkgeom.records import Row
+
+# Elements of one float64 (B', H', T, S) logit block (16 MiB): bounds the entropy step's memory.
+_LOGIT_BLOCK = 1 << 21
+
+
+@dataclass
+class _LayerState:
+    cov_q: M.StreamingCovariance
+    cov_k: M.StreamingCovariance
+    n_head: int
+    n_kv: int
+    d_head: int
+    cov_q_pre: M.StreamingCovariance | None = None
+    cov_k_pre: M.StreamingCovariance | None = None
+    ent_sum: Tensor | None = None  # (H,) sum over counted rows of the row-mean entropy
+    ent_norm_sum: Tensor | None = None
+    ent_rows: Tensor | None = None  # (1|H,) query rows counted per head
+    erank_sum: Tensor | None = None  # (H,) sum over sequences
+    erank_n: int = 0
+
+
+@contextlib.contextmanager
+def lapack_threads(x: Tensor | None = None) -> Iterator[None]:
+    """One intra-op thread for many small CPU LAPACK calls (svdvals, eigvalsh, qr).
+
+    On a busy 2-core host, OpenMP-parallel ``svdvals`` of 256 x 256 logit matrices and
+    ``eigvalsh`` of 64 x 64 blocks ran 5-30x slower than on one thread (docs/benchmarks.md);
+    the BLAS-heavy steps (forward pass, covariance updates) keep all threads.
+    """
+    if (x is not None and x.device.type != "cpu") or torch.get_num_threads() == 1:
+        yield
+        return
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+def _entropy_sums(probs: Tensor, vis: Tensor) -> tuple[Tensor, Tensor]:
+    """Per head, the sums over counted rows (>= 2 visible keys) of the row entropy (nats)
+    and of the entropy over ``log k``, from ``(B, H, T, S)`` probabilities.
+
+    ``p log p`` is formed and summed over a row in the probabilities' dtype (float32: within
+    ~1e-6 nats of float64 for a 256-key row), rows are summed in float64. A counted row's
+    masked keys hold exactly 0 (``exp`` of the mask's dtype minimum underflows), so no mask
+    is applied to ``probs``; rows not counted (padding, < 2 keys) are dropped by ``vis``.
+    """
+    h_row = -torch.special.xlogy(probs, probs).sum(-1).double()  # (B, H, T)
+    k = vis.sum(-1)  # (B, 1|H, T) visible keys per row
+    use = k >= 2
+    logk = torch.log(k.clamp_min(2).double())
+    raw = torch.where(use, h_row, 0.0).sum(dim=(0, 2))
+    norm = torch.where(use, h_row / logk, 0.0).sum(dim=(0, 2))
+    return raw, norm
+
+
+_POOL: list[Any] = []
+
+
+def _eigvalsh_parallel(g: Tensor) -> Tensor:
+    """``eigvalsh`` of a batch of small symmetric matrices, the batch split over one-thread
+    workers (as many as torch's intra-op threads): LAPACK's ``syevd`` on a 256 x 256 matrix
+    barely uses a second thread, so parallel matrices beat a parallel matrix (~1.5x on
+    2 cores)."""
+    n = torch.get_num_threads()
+    flat = g.reshape(-1, *g.shape[-2:])
+    if g.device.type != "cpu" or n == 1 or flat.shape[0] < 2:
+        return torch.linalg.eigvalsh(g)
+    if not _POOL:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL.append(ThreadPoolExecutor(max_workers=n, thread_name_prefix="qkgeom-eig"))
+    parts = flat.chunk(min(n, flat.shape[0]))
+    with lapack_threads():
+        lam = torch.cat(list(_POOL[0].map(torch.linalg.eigvalsh, parts)))
+    return lam.reshape(*g.shape[:-1])
+
+
+def logit_erank_gram(logits: Tensor, visible: Tensor) -> Tensor:
+    """:func:`qkgeom.metrics.logit_effective_rank` through the Gram matrix: the singular
+    values of the masked ``A`` are the square roots of the eigenvalues of ``A^T A``
+    (``eigvalsh`` of a symmetric matrix: cheaper than ``svdvals``, and it threads).
+
+    float64 throughout; eigenvalues below round-off are clipped to 0. Returns ``[H]``, the
+    mean over the batch of ``exp(H(s / sum s))`` (NaN for an all-zero matrix).
+    """
+    a = logits.detach().double()
+    a = torch.where(visible.to(torch.bool).expand_as(a), a, torch.zeros((), dtype=a.dtype,
+                                                                         device=a.device))
+    lam = _eigvalsh_parallel(a.transpose(-2, -1) @ a)  # (B, H, S) ascending
+    s = lam.clamp_min(0).sqrt()
+    total = s.sum(-1, keepdim=True)
+    p = s / total.clamp_min(1e-300)
+    er = torch.exp(-torch.special.xlogy(p, p).sum(-1))  # (B, H)
+    er = torch.where(total.squeeze(-1) > 0, er, torch.full_like(er, math.nan))
+    return er.mean(0)
+
+
+def _add_vectors(st: _LayerState, q: Tensor, k: Tensor, real: Tensor,
+                 q_pre: Tensor | None, k_pre: Tensor | None) -> None:
+    """Feed one chunk's q / k token vectors (padding dropped) into the layer's covariances."""
+    b, nh, t, dh = q.shape
+    nkv, s = k.shape[1], k.shape[2]
+    keep = real.reshape(-1)
+    # (B, T, H*dh) token rows, padding dropped
+    st.cov_q.update(q.transpose(1, 2).reshape(b * t, nh * dh)[keep])
+    if s == t:
+        st.cov_k.update(k.transpose(1, 2).reshape(b * s, nkv * dh)[keep])
+    else:  # keys longer than queries (not produced by our chunking): keep them all
+        st.cov_k.update(k.transpose(1, 2).reshape(b * s, nkv * dh))
+    if st.cov_q_pre is not None and q_pre is not None and k_pre is not None:
+        st.cov_q_pre.update(q_pre.reshape(b * t, -1)[keep])
+        st.cov_k_pre.update(k_pre.reshape(b * s, -1)[keep] if s == t
+                            else k_pre.reshape(b * s, -1))
+
+
+def _attention_sums(q: Tensor, k: Tensor, vis: Tensor, scaling: float, probs: Tensor | None,
+                    n_er: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Per head ``(H,)`` float64: the sums over counted query rows of the entropy and the
+    normalised entropy, and the sum over the first ``n_er`` sequences of ``logit_erank``.
+
+    ``vis``: ``(B, 1|H, T, S)`` bool, padded query rows already removed. With the model's
+    own ``probs`` the entropy comes from them and logits are formed only for the erank
+    sequences; otherwise the softmax is recomputed in float64 from ``q`` and ``k``.
+    """
+    b, nh, t, _ = q.shape
+    nkv, s = k.shape[1], k.shape[2]
+    k_exp = k.repeat_interleave(nh // nkv, dim=1) if nkv != nh else k  # (B, H, S, dh)
+    ent = torch.zeros(nh, dtype=torch.float64, device=q.device)
+    ent_n = torch.zeros(nh, dtype=torch.float64, device=q.device)
+    er = torch.zeros(nh, dtype=torch.float64, device=q.device)
+    if probs is not None:  # the model's own probabilities: no second softmax
+        ent, ent_n = _entropy_sums(probs, vis)
+    # (batch, head) blocks of at most _LOGIT_BLOCK logits: memory flat in B, H and T
+    b_log = b if probs is None else n_er  # with probs, logits only for logit_erank
+    bstep = max(1, min(b, _LOGIT_BLOCK // (t * s)))
+    hstep = max(1, min(nh, _LOGIT_BLOCK // (bstep * t * s)))
+    for b0 in range(0, b_log, bstep):
+        bsl = slice(b0, min(b_log, b0 + bstep))
+        n_er_blk = max(0, min(bsl.stop, n_er) - b0)  # erank sequences in this block
+        for h0 in range(0, nh, hstep):
+            hsl = slice(h0, min(nh, h0 + hstep))
+            v = vis[bsl] if vis.shape[1] == 1 else vis[bsl, hsl]  # (b', 1|h', T, S)
+            qb = q[bsl, hsl].double()  # (b', h', T, dh)
+            logits = (qb @ k_exp[bsl, hsl].double().transpose(-2, -1)) * scaling
+            if probs is None:
+                pattern = torch.softmax(logits.masked_fill(~v, float("-inf")), dim=-1)
+                raw, norm = M.attention_entropy(pattern, v)  # (h',) row means
+                r = (v.sum(-1) >= 2).sum(dim=(0, 2)).double()  # (1|h',) rows counted
+                ent[hsl] += raw * r
+                ent_n[hsl] += norm * r
+                del pattern
+            if n_er_blk:
+                er[hsl] += logit_erank_gram(logits[:n_er_blk], v[:n_er_blk]) * n_er_blk
+            del logits
+    return ent, ent_n, er
+
+
+class GeometryAccumulator:
+    """Streaming per-layer Q/K statistics over many chunks; :meth:`rows` gives metric rows.
+
+    Call :meth:`update` once per layer and chunk. Memory is ``O(d^2)`` per layer (float64
+    covariances on ``device``), independent of the number of tokens seen.
+    """
+
+    def __init__(self, *, erank_seqs: int = DEFAULT_ERANK_SEQS,
+                 device: torch.device | str | None = None) -> None:
+        self.layers: dict[int, _LayerState] = {}
+        self.erank_seqs = erank_seqs
+        self.device = device
+
+    @torch.no_grad()
+    def update(self, layer: int, q: Tensor, k: Tensor, visible: Tensor, scaling: float,
+               real: Tensor | None = None, q_pre: Tensor | None = None,
+               k_pre: Tensor | None = None, probs: Tensor | None = None) -> None:
+        """Add one chunk of one layer.
+
+        ``q``: ``(B, H, T, dh)`` queries; ``k``: ``(B, H_kv, S, dh)`` keys as the model uses
+        them (post-rotary). ``visible``: bool, broadcastable to ``(B, H, T, S)``, True where a
+        query may attend to a key. ``real``: ``(B, T)`` bool, False at padding (``T == S``);
+        padded positions count neither as vectors nor as query rows. ``q_pre`` / ``k_pre``:
+        ``(B, T, H*dh)`` / ``(B, S, H_kv*dh)`` pre-rotary projections (rotary models only).
+        ``probs``: ``(B, H, T, S)`` float32/float64 attention probabilities the model itself
+        computed from these ``q`` and ``k`` (its eager softmax). Given, the entropy comes from
+        them (float64 sums) and logits are formed only for the ``logit_erank`` sequences;
+        otherwise the softmax is recomputed in float64 from ``q`` and ``k``.
+        """
+        if probs is not None and probs.dtype not in (torch.float32, torch.float64):
+            probs = None  # half-precision weights: recompute in float64 instead
+        b, nh, t, _ = q.shape
+        nkv, s = k.shape[1], k.shape[2]
+        if nh % nkv:
+            raise ValueError(f"{nh} query heads do not group over {nkv} key heads")
+        st = self._layer(layer, q, k, q_pre, k_pre)
+        if real is None:
+            real = torch.ones(b, t, dtype=torch.bool, device=q.device)
+        real = real.to(q.device, torch.bool)
+        _add_vectors(st, q, k, real, q_pre, k_pre)
+
+        # Attention from the captured vectors: the model's mask, minus padded query rows.
+        vis = visible.to(q.device, torch.bool) & real[:, None, :, None]  # (B, 1|H, T, S)
+        vis = vis.expand(b, vis.shape[1], t, s)
+        rows = (vis.sum(-1) >= 2).sum(dim=(0, 2)).double()  # (1|H,) counted rows per head
+        n_er = max(0, min(b, self.erank_seqs - st.erank_n))
+        ent, ent_n, er = _attention_sums(q, k, vis, scaling, probs, n_er)
+        if st.ent_sum is None:
+            st.ent_sum, st.ent_norm_sum = ent, ent_n
+            st.erank_sum, st.ent_rows = er, rows
+        else:
+            st.ent_sum += ent
+            st.ent_norm_sum += ent_n
+            st.erank_sum += er
+            st.ent_rows = st.ent_rows + rows
+        st.erank_n += n_er
+
+    def _layer(self, layer: int, q: Tensor, k: Tensor, q_pre: Tensor | None,
+               k_pre: Tensor | None) -> _LayerState:
+        """The state of ``layer``, created (sized from this first chunk) if new."""
+        st = self.layers.get(layer)
+        if st is None:
+            nh, dh, nkv = q.shape[1], q.shape[3], k.shape[1]
+            dev = self.device if self.device is not None else q.device
+            st = _LayerState(M.StreamingCovariance(nh * dh, dev), M.StreamingCovariance(
+                nkv * dh, dev), nh, nkv, dh)
+            if q_pre is not None:
+                st.cov_q_pre = M.StreamingCovariance(q_pre.shape[-1], dev)
+                st.cov_k_pre = M.StreamingCovariance(k_pre.shape[-1], dev)
+            self.layers[layer] = st
+        return st
+
+    def rows(self) -> list[Row]:
+        """Activation and attention metric rows (layer-level with head None, plus per head)."""
+        with lapack_threads():
+            return self._rows()
+
+    def _rows(self) -> list[Row]:
+        out: list[Row] = []
+        for li in sorted(self.layers):
+            st = self.layers[li]
+            rep = st.n_head // st.n_kv
+            pairs = [("pr_q", st.cov_q, st.n_head, 1), ("pr_k", st.cov_k, st.n_kv, rep)]
+            if st.cov_q_pre is not None:
+                pairs += [("pr_q_prerot", st.cov_q_pre, st.n_head, 1),
+                          ("pr_k_prerot", st.cov_k_pre, st.n_kv, rep)]
+            for name, cov, n_blocks, rep_h in pairs:
+                if cov.n < 2:
+                    out.append((li, None, name, math.nan))
+                    continue
+                c = cov.cov()
+                out.append((li, None, name, _pr_of_cov(c)))
+                dh = st.d_head
+                for g in range(n_blocks):
+                    v = _pr_of_cov(c[g * dh:(g + 1) * dh, g * dh:(g + 1) * dh])
+                    out += [(li, g * rep_h + r, name, v) for r in range(rep_h)]
+            n = st.ent_rows.cpu()  # rows with >= 2 visible keys; 0 -> NaN
+            ent = torch.where(n > 0, st.ent_sum.cpu() / n.clamp_min(1), math.nan)
+            ent_n = torch.where(n > 0, st.ent_norm_sum.cpu() / n.clamp_min(1), math.nan)
+            er = (st.erank_sum.cpu() / st.erank_n if st.erank_n
+                  else torch.full((st.n_head,), math.nan))
+            for name, vals in (("entropy", ent), ("entropy_norm", ent_n), ("logit_erank", er)):
+                out += [(li, h, name, float(vals[h])) for h in range(st.n_head)]
+                out.append((li, None, name, float(vals.mean())))
+        return out
+
+
+def _pr_of_cov(c: Tensor) -> float:
+    """PR of a covariance without its spectrum: ``sum lam = tr C`` and ``sum lam^2 = ||C||_F^2``
+    (NaN for a zero matrix)."""
+    fro2 = float((c * c).sum())
+    return math.nan if fro2 <= 0 else float(torch.diagonal(c).sum()) ** 2 / fro2
