@@ -162,7 +162,6 @@ def init_ray(opts: SweepOptions) -> None:
         if tmp is None:  # ours: removed again by shutdown()
             tmp = DRIVER["ray_tmp"] = tempfile.mkdtemp(prefix="qkray-", dir="/tmp")
         ray.init(num_cpus=opts.num_cpus or os.cpu_count() or 1, _temp_dir=tmp, **kwargs)
-init_ray = _init_ray
 
 
 def _local_gpus() -> int:
