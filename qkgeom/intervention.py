@@ -163,13 +163,17 @@ class KeySpectrumControl:
         tgt = self.target(step, self.pr0)
         self.last_target = tgt
         ws = [a.k_proj.weight for a in self.model.attn_layers()]
-        w = torch.stack([x.detach() for x in ws])  # (L, C, C)
-        dtype = torch.float64 if w.device.type == "cpu" else torch.float32
-        # one batched SVD for all layers, on the model's device (cuSOLVER waits for it once)
-        u, s, vh = torch.linalg.svd(w.to(dtype), full_matrices=False)
+        w = torch.stack([x.detach() for x in ws]).to(
+            torch.float64 if ws[0].device.type == "cpu" else torch.float32)  # (L, C, C)
+        # W = U S V^T: the eigenvectors of the Gram W^T W are V, its eigenvalues S^2. One
+        # batched symmetric eigensolve is about 2.5x cheaper than the SVD on CPU, and the
+        # new matrix W V diag(s_new / s) V^T = U diag(s_new) V^T never needs U.
+        lam, v = torch.linalg.eigh(w.mT @ w)
+        s = lam.clamp_min(0).sqrt()  # (L, C), ascending; order does not matter below
         target = torch.tensor(tgt).to(w.device, non_blocking=True)  # no extra sync on CUDA
-        s_new = reshape_singular_values(s, target).to(dtype)
-        w_new = u @ torch.diag_embed(s_new) @ vh  # same singular vectors, new values
+        s_new = reshape_singular_values(s, target).to(w.dtype)
+        gain = torch.where(s > 0, s_new / s.clamp_min(1e-300), torch.zeros_like(s))
+        w_new = (w @ v) * gain[:, None, :] @ v.mT  # same singular vectors, new values
         for x, xn in zip(ws, w_new):
             x.copy_(xn.to(x.dtype))
 
