@@ -455,6 +455,7 @@ def run_sweep(plan: SweepPlan, opts: SweepOptions) -> dict[str, Any]:
     for k in ("interrupted", "forwarded"):
         DRIVER.pop(k, None)
     DRIVER["plan_steps"] = {t.key: int(t.config["max_steps"]) for t in plan.trials}
+    DRIVER["sweep_t0"] = time.monotonic()  # the progress line's clock, across both phases
     DRIVER["finished_before"] = frozenset(
         k for k, v in trial_statuses(db_url, plan.name).items() if v == "terminated")
     try:
@@ -515,6 +516,9 @@ def _run(plan: SweepPlan, opts: SweepOptions, db_url: str, storage: str, threads
                                    prs.get((t.baseline_key or "", baseline_metric(t.config)), []))
             filled.append(TrialSpec.from_dict(dict(t.to_dict(), config=cfg)))
         _store_configs(db_url, plan.name, filled, threads)
+        # the progress line counts the first phase's finished trials as done
+        DRIVER["finished_before"] = frozenset(
+            k for k, v in trial_statuses(db_url, plan.name).items() if v == "terminated")
         say(f"sweep {plan.name}: {len(filled)} arm trial(s) with baseline-relative targets")
         _run_phase(plan, filled, f"{EXPERIMENT_PREFIX}{plan.name}-arms", opts, storage,
                    threads, gpus)

@@ -282,7 +282,8 @@ class ProgressReporter(Callback):
         eta = (total - steps) / rate if rate > 0 else math.inf
         state = (f"{counts['done']}/{n_trials} done, {counts['running']} running, "
                  f"{counts['failed']} failed, {counts['pending']} pending")
-        text = (f"[{_fmt_s(now - self._t0):>6}] {state} | steps {steps}/{total} "
+        since = DRIVER.get("sweep_t0", self._t0)
+        text = (f"[{_fmt_s(now - since):>6}] {state} | steps {steps}/{total} "
                 f"({100 * steps / max(total, 1):.0f}%) | ETA {_fmt_s(eta)}")
         return state, text
 

@@ -258,7 +258,8 @@ def test_sigkill_driver_then_resume(scratch, wikitext_dir):  # noqa: F811
     assert Path(scratch / "ray_results" / "qkgeom-killed").is_dir()
 
 
-def test_baseline_fraction_arm_runs_after_its_baseline(scratch, wikitext_dir):  # noqa: F811
+def test_baseline_fraction_arm_runs_after_its_baseline(scratch, wikitext_dir,  # noqa: F811
+                                                        capsys):
     import json
 
     from qkgeom.store import open_store
@@ -272,10 +273,17 @@ def test_baseline_fraction_arm_runs_after_its_baseline(scratch, wikitext_dir):  
     db = f"sqlite:///{scratch}/bfrac.db"
     try:
         summary = run_sweep(plan, SweepOptions(db_url=db, storage=str(scratch / "ray"),
-                                               quiet=True, ray_temp_dir=str(scratch / "r")))
+                                               ray_temp_dir=str(scratch / "r")))
     finally:
         shutdown()
     assert summary["errors"] == 0, summary
+    # the arms phase's progress lines count the finished baseline: never "0/2 done" again
+    out = capsys.readouterr().out
+    arms_phase = out[out.index("arm trial(s) with baseline-relative targets"):]
+    states = [ln.split("] ", 1)[1].split(" |")[0] for ln in arms_phase.splitlines()
+              if " done, " in ln]
+    assert states and all(s.startswith(("1/2 done", "2/2 done")) for s in states), states
+    assert states[-1].startswith("2/2 done")
     with open_store(db) as store:
         trials = {r["trial_key"]: r for r in store.trials("bfrac").iter_rows(named=True)}
         base = store.sql("SELECT step, layer, value FROM probe_metrics m JOIN trials t ON "
