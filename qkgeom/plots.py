@@ -58,22 +58,25 @@ def _bin_progress(df: pl.DataFrame) -> pl.DataFrame:
         .alias("progress"))
 
 
-def trajectories(df: Any) -> alt.FacetChart:
+def trajectories(df: Any, *, per_seed: bool = False) -> alt.FacetChart:
     """PR_Q (solid) and PR_K (dashed) over training progress, one colour per layer.
 
     ``df`` columns: depth, init, layer, metric (pr_q / pr_k), progress, value: one row
-    per trajectory point (already averaged over seeds, e.g. from ``v_trajectories``).
+    per trajectory point (already averaged over seeds, e.g. from ``v_trajectories``), or,
+    with ``per_seed``, also ``seed``: one pair of lines per seed.
     Rows are depths, columns are initialisations.
     """
     d = _frame(df, {"depth", "init", "layer", "metric", "progress", "value"}, "trajectories")
     d = d.filter(pl.col("metric").is_in(["pr_q", "pr_k"]))
     if d.height == 0:
         raise PlotError("no pr_q / pr_k rows to draw in the trajectories plot")
+    per_seed = per_seed and "seed" in d.columns
+    keys = ["depth", "init", "layer", "metric"] + (["seed"] if per_seed else [])
     d = (_bin_progress(d)
-         .group_by(["depth", "init", "layer", "metric", "progress"])
+         .group_by([*keys, "progress"])
          .agg(pl.col("value").mean())
          .with_columns(pl.col("metric").replace({"pr_q": "PR_Q", "pr_k": "PR_K"}))
-         .sort(["depth", "init", "layer", "metric", "progress"]))
+         .sort([*keys, "progress"]))
     base = alt.Chart(d).mark_line(strokeWidth=1.6).encode(
         x=alt.X("progress:Q", title="training progress (step / max_steps)",
                 scale=alt.Scale(domain=[0, 1])),
@@ -83,14 +86,15 @@ def trajectories(df: Any) -> alt.FacetChart:
                                   sort=["PR_Q", "PR_K"],
                                   scale=alt.Scale(domain=["PR_Q", "PR_K"],
                                                   range=[[1, 0], [5, 3]])),
-        detail="metric:N",
-        tooltip=["depth:O", "init:N", "layer:O", "metric:N",
-                 alt.Tooltip("progress:Q", format=".3f"), alt.Tooltip("value:Q", format=".3f")],
+        detail=["metric:N", "seed:O"] if per_seed else "metric:N",
+        tooltip=["depth:O", "init:N", "layer:O", "metric:N"] + (["seed:O"] if per_seed else [])
+        + [alt.Tooltip("progress:Q", format=".3f"), alt.Tooltip("value:Q", format=".3f")],
     ).properties(width=220, height=160)
+    how = "one pair of lines per seed" if per_seed else "mean over seeds"
     return base.facet(
         row=alt.Row("depth:O", title="depth (layers)"),
         column=alt.Column("init:N", title="Q/K initialisation"),
-    ).properties(title="PR_Q (solid) and PR_K (dashed) per layer, mean over seeds")
+    ).properties(title=f"PR_Q (solid) and PR_K (dashed) per layer, {how}")
 
 
 def metric_trajectories(df: Any, metric: str, *, per_trial: bool = False) -> alt.FacetChart:

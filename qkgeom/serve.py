@@ -208,11 +208,8 @@ class Server:
         def make() -> tuple[str, str]:
             try:
                 if metric == PRQK:
-                    if view == "trial":
-                        ch = st.chart("metric", metric="pr_q", per_trial=True,
-                                      finished_only=False)
-                    else:
-                        ch = st.chart("trajectories", finished_only=False)
+                    ch = st.chart("trajectories", per_trial=view == "trial",
+                                  finished_only=False)
                 else:
                     ch = st.chart("metric", metric=metric, per_trial=view == "trial",
                                   finished_only=False)

@@ -240,7 +240,8 @@ class Study:
               y: str = "entropy", seed: int = 0) -> Any:
         """The project's altair charts (they render inline in Jupyter).
 
-        ``trajectories``: PR_Q and PR_K per layer (``qkgeom plot trajectories``), or, with
+        ``trajectories``: PR_Q and PR_K per layer (``qkgeom plot trajectories``; one pair
+        of lines per seed of the baseline arm with ``per_trial``), or, with
         ``metric``, that metric per layer of the baseline arm, mean over seeds or one line
         per seed (``per_trial``); ``metric`` alone is the same; ``intervention``: the arms
         over training; ``correlation``: ``y`` against ``x``. ``finished_only`` as in the CLI
@@ -261,6 +262,11 @@ class Study:
                 df = df.group_by(["depth", "init", "layer", "seed", "step"]).agg(
                     pl.col("progress").mean(), pl.col("value").mean())
             return plots.metric_trajectories(df, metric, per_trial=per_trial)
+        if kind == "trajectories" and per_trial:  # PR_Q and PR_K, one pair per seed
+            df = pl.concat([self.trajectories(m, per_trial=True, finished_only=fin)
+                            .with_columns(pl.lit(m).alias("metric")) for m in ("pr_q", "pr_k")])
+            base = df.filter(pl.col("arm") == A.BASELINE_ARM)
+            return plots.trajectories(base if base.height else df, per_seed=True)
         if kind == "trajectories":
             return plots.trajectories(A.trajectory_frame(self.store, self.name,
                                                          finished_only=fin))

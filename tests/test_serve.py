@@ -127,6 +127,8 @@ def test_sort_and_views(client) -> None:
     assert re.findall(r"<td class='num'>(\d+)</td>", first)[1] == "4"  # depth, seed
     t = client.get("/sweeps/smoke?sort=seed").text
     assert re.findall(r"<td class='num'>(\d+)</td>", rows_of(t, "trials")[0])[1] == "0"
+    t = client.get("/sweeps/smoke?view=trial").text  # the default metric: PR_Q and PR_K
+    assert "PR_Q (solid) and PR_K (dashed) per layer, one pair of lines per seed" in t
     t = client.get("/sweeps/smoke?metric=entropy&view=trial").text
     assert "attention entropy (nats) per layer, one line per seed" in t
     assert "<option value='entropy' selected>" in t

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import polars as pl
 import pytest
 from stats_fixtures import make_synthetic_db, write_pretrained_family, write_trials
 
@@ -101,6 +102,27 @@ def test_charts(planted: str) -> None:
         assert d["spec"]["encoding"]["detail"]["field"] == "seed"
         with pytest.raises(QkgeomError, match="unknown chart"):
             s.chart("pie")
+
+
+def test_per_seed_trajectories_chart_has_pr_q_and_pr_k_of_every_seed(planted: str) -> None:
+    with qkgeom.open_study(planted, "smoke") as s:
+        d = s.chart("trajectories", per_trial=True).to_dict()
+        per = {m: s.trajectories(m, per_trial=True, arm="none") for m in ("pr_q", "pr_k")}
+    assert "one pair of lines per seed" in d["title"]
+    assert {f["field"] for f in d["spec"]["encoding"]["detail"]} == {"metric", "seed"}
+    rows = d["datasets"][next(iter(d["datasets"]))]
+    assert {r["metric"] for r in rows} == {"PR_Q", "PR_K"}
+    assert {r["seed"] for r in rows} == set(range(5))
+    # one planted point, read back through the chart: depth 2, gaussian, seed 3, layer 1,
+    # the last probe (progress 1) of each metric
+    for m, label in (("pr_q", "PR_Q"), ("pr_k", "PR_K")):
+        want = per[m].filter((pl.col("depth") == 2) & (pl.col("init") == "gaussian")
+                             & (pl.col("seed") == 3) & (pl.col("layer") == 1)
+                             & (pl.col("progress") == 1.0))["value"].item()
+        got = [r["value"] for r in rows if r["metric"] == label and r["depth"] == 2
+               and r["init"] == "gaussian" and r["seed"] == 3 and r["layer"] == 1
+               and r["progress"] == 1.0]
+        assert got == [pytest.approx(want)]
 
 
 def test_bad_names(planted: str) -> None:
