@@ -203,6 +203,32 @@ def correlation(df: Any, *, x: str, y: str, rho: float | None = None,
         **enc).properties(width=420, height=320, title=alt.Title(title, subtitle=sub))
 
 
+def checkpoint_trends(df: Any) -> alt.LayerChart:
+    """PR_Q - PR_K (mean over layers) over each pretrained model's checkpoints (claim 5).
+
+    ``df`` columns: model, step, value (one row per checkpoint), and optionally
+    ``peak`` (True at the checkpoint where the model's value peaks): one line per model,
+    points at the measured checkpoints, the peak as a larger ring.
+    """
+    d = _frame(df, {"model", "step", "value"}, "checkpoint trends").sort(["model", "step"])
+    if d.height == 0:
+        raise PlotError("no pretrained checkpoints with a step to draw")
+    enc = dict(
+        x=alt.X("step:Q", title="training step of the checkpoint"),
+        y=alt.Y("value:Q", title="PR_Q - PR_K (mean over layers)", scale=alt.Scale(zero=False)),
+        color=alt.Color("model:N", title="model"),
+        tooltip=["model:N", "step:Q", alt.Tooltip("value:Q", format=".4f")],
+    )
+    base = alt.Chart(d)
+    layers = [base.mark_line(strokeWidth=1.6, point=True).encode(**enc)]
+    if "peak" in d.columns:
+        layers.append(base.transform_filter(alt.datum.peak).mark_point(
+            size=160, strokeWidth=2, filled=False).encode(**enc))
+    return alt.layer(*layers).properties(
+        width=520, height=220,
+        title="PR_Q - PR_K over pretraining checkpoints (ring: the peak)")
+
+
 def save_chart(chart: alt.TopLevelMixin, path: str | Path, *, scale: float = 2.0) -> Path:
     """Write ``chart`` to ``path``; the suffix picks the format (.html, .png, .svg, .json).
 

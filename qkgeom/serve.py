@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import html
 import io
 import ipaddress
 import json
@@ -51,6 +50,9 @@ from qkgeom import analysis as A
 from qkgeom.background import Failed, Jobs
 from qkgeom.errors import QkgeomError
 from qkgeom.study import FINISHED, Study
+from qkgeom.webpage import cell as _cell
+from qkgeom.webpage import escape as _e
+from qkgeom.webpage import html_table, page
 
 if TYPE_CHECKING:
     from qkgeom.store import Store
@@ -96,53 +98,6 @@ def check_bind(host: str, token: str | None) -> None:
 
 
 # --------------------------------------------------------------------------- html
-
-
-CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:1em 2em;
-color:#222;line-height:1.4}
-table{border-collapse:collapse;margin:.5em 0 1.2em;font-size:.88em}
-th,td{border:1px solid #ccc;padding:.2em .5em;vertical-align:top}
-th{background:#f3f3f3;text-align:left} th a{color:inherit;text-decoration:none}
-td.num{text-align:right;font-variant-numeric:tabular-nums}
-.s-terminated{color:#1a7f1a}.s-running{color:#1f5fbf;font-weight:600}
-.s-error,.s-interrupted{color:#b00020;font-weight:600}.s-pending{color:#777}
-.v-holds{background:#e3f4e3;font-weight:600}.v-does{background:#fbe3e3;font-weight:600}
-.v-not{background:#f6f0d8;font-weight:600}.provisional{color:#8a6d00;font-weight:400}
-.note{color:#555}.err{color:#b00020} progress{width:20em} figure svg{max-width:100%;height:auto}
-nav a{margin-right:1em}
-"""
-
-
-def _e(v: Any) -> str:
-    return html.escape(str(v), quote=True)
-
-
-def _cell(v: Any) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "<td>-</td>"
-    if isinstance(v, bool):
-        return f"<td>{'yes' if v else 'no'}</td>"
-    if isinstance(v, (int, float)):
-        return f"<td class='num'>{_e(A.fmt(v))}</td>"
-    return f"<td>{_e(v)}</td>"
-
-
-def html_table(rows: list[dict[str, Any]], *, table_id: str = "") -> str:
-    if not rows:
-        return "<p class='note'>(no rows)</p>"
-    cols = list(dict.fromkeys(k for r in rows for k in r))
-    tid = f" id='{_e(table_id)}'" if table_id else ""
-    head = "".join(f"<th>{_e(c)}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(_cell(r.get(c)) for c in cols) + "</tr>" for r in rows)
-    return f"<table{tid}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def page(title: str, body: str, *, refresh: int = 0) -> str:
-    meta = f"<meta http-equiv='refresh' content='{int(refresh)}'>" if refresh > 0 else ""
-    return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
-            f"{meta}<title>{_e(title)}</title><style>{CSS}</style></head><body>"
-            f"{body}</body></html>")
 
 
 def _message(status: int, text: str) -> HTMLResponse:
@@ -242,6 +197,20 @@ class Server:
 
         return self.jobs.get(("pretrained", "trends"), version[-1], make, wait_s=wait_s)
 
+    def trend_svg(self, st: Study, version: Any, *, wait_s: float | None = None
+                  ) -> tuple[Any, bool]:
+        """The checkpoint-trend chart as inline SVG ('' when no checkpoint has a step)."""
+        from qkgeom import plots
+
+        def make() -> str:
+            df = st.checkpoint_frame()
+            if df.height == 0:
+                return ""
+            svg = plots.to_svg(plots.checkpoint_trends(df))
+            return svg[svg.find("<svg"):]
+
+        return self.jobs.get(("pretrained", "trend-chart"), version[-1], make, wait_s=wait_s)
+
     # ------------------------------------------------------------------ routes
     def index(self, req: Request) -> Response:
         refresh = self._refresh(req)
@@ -276,6 +245,7 @@ class Server:
         self.chart_svg(st, version, metric, view, wait_s=0)
         self.claims(st, version, unfinished, wait_s=0)
         self.trends(st, version, wait_s=0)
+        self.trend_svg(st, version, wait_s=0)
         deadline = time.monotonic() + self.jobs.wait_s
 
         def left() -> float:
@@ -360,8 +330,10 @@ class Server:
         pre, _ = self.trends(st, version, wait_s=wait_s)
         if not (isinstance(pre, list) and pre):
             return ""
+        chart, _ = self.trend_svg(st, version, wait_s=wait_s)
+        fig = f"<figure id='checkpoint-chart'>{chart}</figure>" if chart else ""
         return ("<h2>Pretrained models</h2><p class='note'>Trend of PR_Q - PR_K over each "
-                "model's checkpoints (Spearman vs step, peak).</p>"
+                "model's checkpoints (Spearman vs step, peak).</p>" + fig
                 + html_table(pre, table_id="pretrained"))
 
     def _trial_table(self, trials: pl.DataFrame, sort: str, desc: bool,

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from qkgeom.store import Store
 
 FINISHED = "terminated"
-CHART_KINDS = ("trajectories", "metric", "intervention", "correlation")
+CHART_KINDS = ("trajectories", "metric", "intervention", "correlation", "checkpoints")
 ARM_METRICS = ("entropy", "pr_wk", "pr_k")
 TRIAL_COLUMNS = {
     "trial_id": pl.Int64, "trial_key": pl.String, "depth": pl.Int64, "init": pl.String,
@@ -214,6 +214,21 @@ class Study:
         """``qkgeom stats correlate``: see :func:`qkgeom.analysis.correlate`."""
         return A.correlate(self.store, self.name, x=x, y=y, **kw)
 
+    def checkpoint_frame(self) -> pl.DataFrame:
+        """PR_Q - PR_K (mean over layers) at every checkpoint with a step of every
+        pretrained model in the database: model, step, value, peak (the model's peak)."""
+        rows = []
+        for model in self.pretrained()["model"].to_list():
+            try:
+                o = A.checkpoint_trend(self.store, model).overall
+            except QkgeomError:
+                continue  # no checkpoint with a known step: nothing to draw
+            rows += [{"model": model, "step": int(st), "value": float(v),
+                      "peak": o.peak_step is not None and int(st) == int(o.peak_step)}
+                     for st, v in zip(o.steps, o.values)]
+        return pl.DataFrame(rows, schema={"model": pl.String, "step": pl.Int64,
+                                          "value": pl.Float64, "peak": pl.Boolean})
+
     def checkpoint_trend(self, model: str) -> A.CheckpointTrendReport:
         """``qkgeom stats checkpoint-trend``: see :func:`qkgeom.analysis.checkpoint_trend`."""
         return A.checkpoint_trend(self.store, model)
@@ -244,8 +259,9 @@ class Study:
         of lines per seed of the baseline arm with ``per_trial``), or, with
         ``metric``, that metric per layer of the baseline arm, mean over seeds or one line
         per seed (``per_trial``); ``metric`` alone is the same; ``intervention``: the arms
-        over training; ``correlation``: ``y`` against ``x``. ``finished_only`` as in the CLI
-        (pass False for a running sweep).
+        over training; ``correlation``: ``y`` against ``x``; ``checkpoints``: PR_Q - PR_K
+        over the pretrained models' checkpoints (:meth:`checkpoint_frame`).
+        ``finished_only`` as in the CLI (pass False for a running sweep).
         """
         from qkgeom import plots
 
@@ -270,6 +286,8 @@ class Study:
         if kind == "trajectories":
             return plots.trajectories(A.trajectory_frame(self.store, self.name,
                                                          finished_only=fin))
+        if kind == "checkpoints":
+            return plots.checkpoint_trends(self.checkpoint_frame())
         if kind == "intervention":
             return plots.intervention(A.intervention_frame(self.store, self.name,
                                                            finished_only=fin))

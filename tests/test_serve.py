@@ -96,6 +96,9 @@ def test_finished_sweep_page(client) -> None:
     assert len(rows_of(t, "arms")) == 10
     pre = rows_of(t, "pretrained")
     assert len(pre) == 1 and "synthetic/pythia-like" in pre[0]
+    # the checkpoint trend as a chart above its table: one line with a point per checkpoint
+    fig = t.split("id='checkpoint-chart'>")[1].split("</figure>")[0]
+    assert fig.startswith("<svg") and "PR_Q - PR_K over pretraining checkpoints" in fig
 
 
 def test_running_sweep_page_is_provisional(client) -> None:

@@ -104,6 +104,22 @@ def test_charts(planted: str) -> None:
             s.chart("pie")
 
 
+def test_checkpoint_trend_chart_matches_the_planted_family(planted: str) -> None:
+    # planted (stats_fixtures.write_pretrained_family): PR_Q - PR_K = 1 + k up to the peak
+    # at checkpoint k = 3 (step 4000), then 4 - 0.6 (k - 3), the same in every layer
+    steps = [0, 1000, 2000, 4000, 8000, 16000, 32000, 64000]
+    want = [1 + k if k <= 3 else 4 - 0.6 * (k - 3) for k in range(8)]
+    with qkgeom.open_study(planted, "smoke") as s:
+        df = s.checkpoint_frame()
+        d = s.chart("checkpoints").to_dict()
+    assert df["step"].to_list() == steps
+    assert df["value"].to_list() == pytest.approx(want)
+    assert df.filter(pl.col("peak"))["step"].to_list() == [4000]
+    assert [lay["mark"]["type"] for lay in d["layer"]] == ["line", "point"]
+    rows = d["datasets"][next(iter(d["datasets"]))]
+    assert [r["value"] for r in rows] == pytest.approx(want)
+
+
 def test_per_seed_trajectories_chart_has_pr_q_and_pr_k_of_every_seed(planted: str) -> None:
     with qkgeom.open_study(planted, "smoke") as s:
         d = s.chart("trajectories", per_trial=True).to_dict()
