@@ -40,6 +40,7 @@ from qkgeom.claims import (
     compute_claims,
 )
 from qkgeom.errors import QkgeomError
+from qkgeom.ladder import FINDINGS, load_cells, robustness
 from qkgeom.records import to_jsonable
 
 if TYPE_CHECKING:
@@ -69,6 +70,7 @@ class Report:
     sections: list[Section]
     charts: dict[str, Any]  # name -> altair chart, each written as fig-NAME.png
     figures: list[tuple[str, str]]  # (chart name, caption) in the order shown
+    ladder: dict[str, dict[str, Any]]  # claim key -> robustness on the ladder (qkgeom.ladder)
 
 
 # --------------------------------------------------------------------------- computing
@@ -135,8 +137,10 @@ PAPER_SCALE = {
     "weight_decay": "AdamW (paper preset: 0.1)", "betas": "not stated (paper preset: 0.9, 0.99)",
 }
 SCALE_NOTE = ("Whether a verdict depends on model scale or on the learning rate is what the "
-              "scale x learning-rate ladder measures: see docs/findings.md (studies/*.yaml) "
-              "before reading a verdict of a small study as the paper's.")
+              f"scale x learning-rate ladder measures ({FINDINGS}, studies/*.yaml): the "
+              "column 'on the ladder' says, for each claim, whether the ladder's cells saw "
+              "its verdict change with the learning rate or with the width; read such a "
+              "verdict of a small study as a property of its setting, not of the paper.")
 
 
 def _scale_rows(store: Store, sweep: str, fin: bool) -> tuple[list[dict[str, Any]],
@@ -177,8 +181,10 @@ def compute_report(store: Store, sweep: str, *, seed: int = 0, n_boot: int = 10_
     captions.update({s.figure: s.caption for s in found.sections if s.figure})
     order = ["trajectories"] + [s.figure for s in found.sections if s.figure]
     figures = [(name, captions.get(name, name)) for name in order if name in charts]
+    cells = load_cells()
+    ladder = {c.key: robustness(cells, c.key) for c in found.claims}
     return Report(sweep, seed, n_boot, fin, design_text, design, scale_rows, scale,
-                  found.claims, found.sections, charts, figures)
+                  found.claims, found.sections, charts, figures, ladder)
 
 
 # --------------------------------------------------------------------------- rendering
@@ -217,6 +223,11 @@ code{background:#f5f5f5;padding:0 .2em} figure svg{max-width:100%;height:auto}
 """
 
 
+def _ladder_text(rep: Report, key: str) -> str:
+    r = rep.ladder.get(key)
+    return f"{r['summary']} ({FINDINGS})" if r and r["cells"] else "-"
+
+
 def _verdict_class(v: str) -> str:
     return {HOLDS: "v-holds", FAILS: "v-does"}.get(v, "v-not")
 
@@ -226,9 +237,10 @@ def render_markdown(rep: Report) -> str:
     md = [f"# qkgeom study report: {rep.sweep}", "", rep.design_text, "",
           _md_table(rep.design), "", "## Scale and optimiser, beside the paper's", "",
           _md_table(rep.scale_rows), "", SCALE_NOTE, "", "## Claims and verdicts", "",
-          "| claim | paper | measured | verdict |", "|---|---|---|---|"]
+          "| claim | paper | measured | verdict | on the ladder |", "|---|---|---|---|---|"]
     for c in rep.claims:
-        md.append(f"| {c.key} | {c.paper} | {c.measured.replace('|', '/')} | **{c.verdict}** |")
+        md.append(f"| {c.key} | {c.paper} | {c.measured.replace('|', '/')} | **{c.verdict}** "
+                  f"| {_ladder_text(rep, c.key)} |")
     md += ["", "Verdict rules:", ""] + [f"- {r}" for r in RULES] + [""]
     md += ["## Figures", ""]
     for name, caption in rep.figures:
@@ -254,11 +266,12 @@ def render_html(rep: Report, svgs: dict[str, str]) -> str:
          "<h2>Scale and optimiser, beside the paper's</h2>", _html_table(rep.scale_rows),
          f"<p>{html.escape(SCALE_NOTE)}</p>",
          "<h2>Claims and verdicts</h2><table><thead><tr><th>claim</th><th>paper</th>"
-         "<th>measured</th><th>verdict</th></tr></thead><tbody>"]
+         "<th>measured</th><th>verdict</th><th>on the ladder</th></tr></thead><tbody>"]
     for c in rep.claims:
         h.append(f"<tr><td>{html.escape(c.key)}</td><td>{html.escape(c.paper)}</td>"
                  f"<td>{html.escape(c.measured)}</td><td class='{_verdict_class(c.verdict)}'>"
-                 f"{html.escape(c.verdict)}</td></tr>")
+                 f"{html.escape(c.verdict)}</td>"
+                 f"<td>{html.escape(_ladder_text(rep, c.key))}</td></tr>")
     h.append("</tbody></table><p>Verdict rules:</p><ul>"
              + "".join(f"<li>{html.escape(r)}</li>" for r in RULES) + "</ul><h2>Figures</h2>")
     for name, caption in rep.figures:
@@ -284,7 +297,7 @@ def render_json(rep: Report) -> str:
     """report.json: every number behind the verdicts (strict JSON: NaN as null)."""
     data = {"sweep": rep.sweep, "seed": rep.seed, "n_boot": rep.n_boot,
             "finished_only": rep.finished_only, "scale": rep.scale, "rules": RULES,
-            "claims": [c.__dict__ for c in rep.claims]}
+            "claims": [c.__dict__ for c in rep.claims], "ladder": rep.ladder}
     return json.dumps(to_jsonable(data), indent=2, allow_nan=False)
 
 

@@ -49,7 +49,8 @@ def test_html_is_self_contained(planted_report):
     assert "<script" not in html  # static SVG, nothing to load
     assert not re.search(r"""(src|href)=["']https?://""", html)
     assert html.count("<svg") == 3
-    assert "does not hold" not in html.split("Verdict rules")[0]
+    head = html.split("Verdict rules")[0]
+    assert "class='v-does'" not in head and head.count("class='v-holds'") == 8
     assert "15 of 15 trajectories positive" in html
 
 
