@@ -20,7 +20,7 @@ def _rows(url: str) -> list[tuple]:
         with eng.connect() as c:
             cols = [r[0] for r in c.execute(text(
                 "SELECT column_name FROM information_schema.columns WHERE table_name = "
-                "'checkpoints'")).fetchall()] if eng.dialect.name == "postgresql" else [
+                "'checkpoints' AND table_schema = current_schema()")).fetchall()] if eng.dialect.name == "postgresql" else [
                 r[1] for r in c.execute(text("PRAGMA table_info(checkpoints)")).fetchall()]
             sel = "kind, step, location" if "kind" in cols else "'-', step, location"
             return [tuple(r) for r in c.execute(text(
