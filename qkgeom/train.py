@@ -17,7 +17,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -268,7 +268,18 @@ class Trial:
         return rec
 
 
-def train(
+def train(cfg: TrialConfig, report: Report | None = None, **kw: Any) -> TrialResult:
+    """Run one trial; see the module docstring for the ``report`` protocol and
+    :func:`training` for the keyword arguments."""
+    steps = training(cfg, report, **kw)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+def training(
     cfg: TrialConfig,
     report: Report | None = None,
     *,
@@ -278,8 +289,12 @@ def train(
     snapshot_every: int = 0,
     progress: ProgressFn | None = None,
     corpus: Corpus | None = None,
-) -> TrialResult:
-    """Run one trial; see the module docstring for the ``report`` protocol.
+) -> Generator[int, None, TrialResult]:
+    """:func:`train` one step at a time: yields the step number after each optimizer step
+    (after that step's evaluation, probe and ``progress`` call) and returns the
+    :class:`TrialResult` (``StopIteration.value``). Set-up and the step-0 probe run on the
+    first ``next``; the test-loss pass on the one after the last step. A caller can
+    interleave several trials step by step (``benchmarks/train_throughput.py`` does).
 
     ``checkpoint_dir``: where to write ``step_NNNNNNN/`` checkpoints (at probe steps that
     are multiples of ``cfg.checkpoint_every``, or every probe when it is 0); ``None``
@@ -309,7 +324,8 @@ def train(
     if tr.step == 0:
         emit(tr.probe(tr.val_loss(), 0.0))
     timer = StepTimer()
-    last_val = _train_to_end(tr, emit, progress, timer, resumed=resume_from is not None)
+    last_val = yield from _train_to_end(tr, emit, progress, timer,
+                                        resumed=resume_from is not None)
     return _result(tr, last_val, timer, t_start)
 
 
@@ -346,9 +362,11 @@ class StepTimer:
 
 
 def _train_to_end(tr: Trial, emit: Callable[[ProbeRecord], None],
-                  progress: ProgressFn | None, timer: StepTimer, *, resumed: bool) -> float:
+                  progress: ProgressFn | None, timer: StepTimer, *,
+                  resumed: bool) -> Generator[int, None, float]:
     """Train from ``tr.step`` to ``max_steps``: history at log/eval/probe steps, a probe
-    (``emit``) at probe steps. Returns the last validation loss (NaN if none)."""
+    (``emit``) at probe steps; yields each step number. Returns the last validation loss
+    (NaN if none)."""
     cfg = tr.cfg
     last_val = math.nan
     while tr.step < cfg.max_steps:
@@ -374,6 +392,7 @@ def _train_to_end(tr: Trial, emit: Callable[[ProbeRecord], None],
         if progress is not None:
             progress(step, {"loss": loss, "val_loss": last_val,
                             "tokens_per_s": timer.total.rate()})
+        yield step
     return last_val
 
 

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from qkgeom.cli import main
 from qkgeom.config import ConfigError, TrialConfig, preset
 from qkgeom.data import DataError, load_corpus, unigram_entropy
-from qkgeom.train import InjectedFailure, lr_at, train
+from qkgeom.train import InjectedFailure, lr_at, train, training
 
 
 def collect(cfg, **kw):
@@ -59,6 +59,22 @@ def test_same_seed_same_numbers_other_seed_differs(tiny_cfg):
         assert_same_metrics(ra, rb)
     _, c = collect(tiny_cfg.with_overrides({"seed": 1}))
     assert metric_map(c[-1][0])[(0, None, "pr_k")] != metric_map(a[-1][0])[(0, None, "pr_k")]
+
+
+def test_training_steps_one_at_a_time_and_returns_what_train_returns(tiny_cfg):
+    res, recs = collect(tiny_cfg)
+    got = []
+    gen = training(tiny_cfg, lambda r, c: got.append(r))
+    steps = []
+    with pytest.raises(StopIteration) as done:
+        while True:
+            steps.append(next(gen))
+            # a probe is reported before its step is yielded, never after
+            assert [r.step for r in got] == [0] + [s for s in (20, 40) if s <= steps[-1]]
+    assert steps == list(range(1, tiny_cfg.max_steps + 1))
+    assert done.value.value.test_loss == pytest.approx(res.test_loss, rel=1e-9)
+    for a, (b, _) in zip(got, recs):
+        assert_same_metrics(a, b)
 
 
 @pytest.mark.parametrize("arm", ["none", "shrink"])
