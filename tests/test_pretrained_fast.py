@@ -66,6 +66,34 @@ def test_logit_erank_gram_matches_numpy_svd():
     assert np.isnan(P.logit_erank_gram(logits[:1], torch.zeros_like(vis[:1])).numpy()).all()
 
 
+def test_logit_erank_f32_matches_numpy_float64_svd():
+    """The default route: float32 logits and singular values, float64 entropy."""
+    q, k, _, vis, logits = _case(1)
+    a = np.where(vis.expand(logits.shape).numpy(), logits.numpy(), 0.0)
+    s = np.linalg.svd(a, compute_uv=False)  # float64 reference, (B, H, T)
+    p = s / s.sum(-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ref = np.exp(-np.where(p > 0, p * np.log(p), 0.0).sum(-1)).mean(0)
+    got = P.logit_erank_f32(logits.float(), vis).numpy()
+    np.testing.assert_allclose(got, ref, rtol=1e-6)
+    assert np.abs(got / ref - 1).max() > 1e-12  # it is the float32 route, not the float64 one
+    assert np.isnan(P.logit_erank_f32(logits[:1].float(), torch.zeros_like(vis[:1])).numpy()).all()
+
+
+def test_accumulator_erank_dtypes_agree_and_float64_is_the_gram_route():
+    q, k, real, vis, _ = _case(1)
+    rows = {}
+    for dt in (torch.float32, torch.float64):
+        acc = P.GeometryAccumulator(erank_seqs=2, erank_dtype=dt)
+        acc.update(0, q, k, vis, q.shape[-1] ** -0.5, real=real)
+        rows[dt] = {(la, h): v for la, h, n, v in acc.rows() if n == "logit_erank"}
+    logits = (q[:2].double() @ k[:2].double().transpose(-2, -1)) * q.shape[-1] ** -0.5
+    ref = P.logit_erank_gram(logits, vis[:2] & real[:2, None, :, None])
+    for h in range(q.shape[1]):
+        assert rows[torch.float64][(0, h)] == pytest.approx(float(ref[h]), rel=1e-12)
+        assert rows[torch.float32][(0, h)] == pytest.approx(float(ref[h]), rel=1e-6)
+
+
 @pytest.mark.parametrize("n_kv", [4, 2])
 def test_accumulator_with_probabilities_equals_recomputed_softmax(n_kv):
     q, k, real, vis, _ = _case(2)

@@ -46,6 +46,7 @@ from __future__ import annotations
 from qkgeom.pretrained.accumulate import (
     GeometryAccumulator,
     lapack_threads,
+    logit_erank_f32,
     logit_erank_gram,
 )
 from qkgeom.pretrained.base import (
@@ -124,6 +125,7 @@ __all__ = [
     "lapack_threads",
     "load_checkpoint",
     "load_hf",
+    "logit_erank_f32",
     "logit_erank_gram",
     "measure_gpt",
     "measure_hf",

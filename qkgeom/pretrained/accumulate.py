@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,43 +81,66 @@ def _entropy_sums(probs: Tensor, vis: Tensor) -> tuple[Tensor, Tensor]:
 _POOL: list[Any] = []
 
 
-def _eigvalsh_parallel(g: Tensor) -> Tensor:
-    """``eigvalsh`` of a batch of small symmetric matrices, the batch split over one-thread
-    workers (as many as torch's intra-op threads): LAPACK's ``syevd`` on a 256 x 256 matrix
-    barely uses a second thread, so parallel matrices beat a parallel matrix (~1.5x on
-    2 cores)."""
+def _batched_parallel(fn: Callable[[Tensor], Tensor], g: Tensor) -> Tensor:
+    """``fn`` (a batched LAPACK routine: ``eigvalsh``, ``svdvals``) over a batch of small
+    matrices, the batch split over one-thread workers (as many as torch's intra-op
+    threads): LAPACK on a 256 x 256 matrix barely uses a second thread, so parallel
+    matrices beat a parallel matrix (~1.5x on 2 cores)."""
     n = torch.get_num_threads()
     flat = g.reshape(-1, *g.shape[-2:])
     if g.device.type != "cpu" or n == 1 or flat.shape[0] < 2:
-        return torch.linalg.eigvalsh(g)
+        return fn(g)
     if not _POOL:
         from concurrent.futures import ThreadPoolExecutor
 
-        _POOL.append(ThreadPoolExecutor(max_workers=n, thread_name_prefix="qkgeom-eig"))
+        _POOL.append(ThreadPoolExecutor(max_workers=n, thread_name_prefix="qkgeom-lapack"))
     parts = flat.chunk(min(n, flat.shape[0]))
     with lapack_threads():
-        lam = torch.cat(list(_POOL[0].map(torch.linalg.eigvalsh, parts)))
-    return lam.reshape(*g.shape[:-1])
+        out = torch.cat(list(_POOL[0].map(fn, parts)))
+    return out.reshape(*g.shape[:-2], out.shape[-1])
 
 
-def logit_erank_gram(logits: Tensor, visible: Tensor) -> Tensor:
-    """:func:`qkgeom.metrics.logit_effective_rank` through the Gram matrix: the singular
-    values of the masked ``A`` are the square roots of the eigenvalues of ``A^T A``
-    (``eigvalsh`` of a symmetric matrix: cheaper than ``svdvals``, and it threads).
-
-    float64 throughout; eigenvalues below round-off are clipped to 0. Returns ``[H]``, the
-    mean over the batch of ``exp(H(s / sum s))`` (NaN for an all-zero matrix).
-    """
-    a = logits.detach().double()
-    a = torch.where(visible.to(torch.bool).expand_as(a), a, torch.zeros((), dtype=a.dtype,
-                                                                         device=a.device))
-    lam = _eigvalsh_parallel(a.transpose(-2, -1) @ a)  # (B, H, S) ascending
-    s = lam.clamp_min(0).sqrt()
+def _erank_of_singular_values(s: Tensor) -> Tensor:
+    """``exp`` of the entropy of ``s / sum s`` over the last axis, float64, mean over the
+    batch (axis 0): ``[B, H, n] -> [H]``; NaN for an all-zero matrix."""
+    s = s.double()
     total = s.sum(-1, keepdim=True)
     p = s / total.clamp_min(1e-300)
     er = torch.exp(-torch.special.xlogy(p, p).sum(-1))  # (B, H)
     er = torch.where(total.squeeze(-1) > 0, er, torch.full_like(er, math.nan))
     return er.mean(0)
+
+
+def logit_erank_gram(logits: Tensor, visible: Tensor) -> Tensor:
+    """:func:`qkgeom.metrics.logit_effective_rank` in float64 through the Gram matrix: the
+    singular values of the masked ``A`` are the square roots of the eigenvalues of
+    ``A^T A`` (``eigvalsh`` of a symmetric matrix: cheaper than ``svdvals``).
+
+    Eigenvalues below round-off are clipped to 0. Returns ``[H]``, the mean over the batch
+    of ``exp(H(s / sum s))`` (NaN for an all-zero matrix). Within ~2e-9 relative of the
+    float64 SVD; the accumulator's ``erank_dtype=torch.float64`` route.
+    """
+    a = logits.detach().double()
+    a = torch.where(visible.to(torch.bool).expand_as(a), a, torch.zeros((), dtype=a.dtype,
+                                                                         device=a.device))
+    lam = _batched_parallel(torch.linalg.eigvalsh, a.transpose(-2, -1) @ a)  # ascending
+    return _erank_of_singular_values(lam.clamp_min(0).sqrt())
+
+
+def logit_erank_f32(logits: Tensor, visible: Tensor) -> Tensor:
+    """:func:`qkgeom.metrics.logit_effective_rank` from float32 logits: ``svdvals`` of the
+    masked matrix in float32 (no Gram, so the error of a singular value stays relative to
+    the largest one, not to its square), the entropy in float64.
+
+    The accumulator's default route: within 1.5e-7 relative of the float64 SVD on
+    SmolLM2-135M's heads (docs/benchmarks.md), and about 2x cheaper than
+    :func:`logit_erank_gram`, whose float64 logits, Gram product and eigensolve dominated
+    the cost of a short probe. Returns ``[H]``.
+    """
+    a = logits.detach().float()
+    a = torch.where(visible.to(torch.bool).expand_as(a), a, torch.zeros((), dtype=a.dtype,
+                                                                         device=a.device))
+    return _erank_of_singular_values(_batched_parallel(torch.linalg.svdvals, a))
 
 
 def _add_vectors(st: _LayerState, q: Tensor, k: Tensor, real: Tensor,
@@ -138,14 +161,26 @@ def _add_vectors(st: _LayerState, q: Tensor, k: Tensor, real: Tensor,
                             else k_pre.reshape(b * s, -1))
 
 
+def _blocks(b: int, nh: int, t: int, s: int) -> Iterator[tuple[slice, slice]]:
+    """(sequence, head) slices covering ``b`` x ``nh`` in blocks of at most
+    ``_LOGIT_BLOCK`` logits each: the logits' memory stays flat in B, H and T."""
+    bstep = max(1, min(b, _LOGIT_BLOCK // (t * s)))
+    hstep = max(1, min(nh, _LOGIT_BLOCK // (bstep * t * s)))
+    for b0 in range(0, b, bstep):
+        for h0 in range(0, nh, hstep):
+            yield slice(b0, min(b, b0 + bstep)), slice(h0, min(nh, h0 + hstep))
+
+
 def _attention_sums(q: Tensor, k: Tensor, vis: Tensor, scaling: float, probs: Tensor | None,
-                    n_er: int) -> tuple[Tensor, Tensor, Tensor]:
+                    n_er: int, erank_dtype: torch.dtype = torch.float32,
+                    ) -> tuple[Tensor, Tensor, Tensor]:
     """Per head ``(H,)`` float64: the sums over counted query rows of the entropy and the
     normalised entropy, and the sum over the first ``n_er`` sequences of ``logit_erank``.
 
     ``vis``: ``(B, 1|H, T, S)`` bool, padded query rows already removed. With the model's
-    own ``probs`` the entropy comes from them and logits are formed only for the erank
-    sequences; otherwise the softmax is recomputed in float64 from ``q`` and ``k``.
+    own ``probs`` the entropy comes from them; otherwise the softmax is recomputed in
+    float64 from ``q`` and ``k``. ``logit_erank`` comes from logits of ``erank_dtype``:
+    float32 through :func:`logit_erank_f32`, float64 through :func:`logit_erank_gram`.
     """
     b, nh, t, _ = q.shape
     nkv, s = k.shape[1], k.shape[2]
@@ -153,30 +188,28 @@ def _attention_sums(q: Tensor, k: Tensor, vis: Tensor, scaling: float, probs: Te
     ent = torch.zeros(nh, dtype=torch.float64, device=q.device)
     ent_n = torch.zeros(nh, dtype=torch.float64, device=q.device)
     er = torch.zeros(nh, dtype=torch.float64, device=q.device)
+
+    def vis_of(bsl: slice, hsl: slice) -> Tensor:
+        return vis[bsl] if vis.shape[1] == 1 else vis[bsl, hsl]  # (b', 1|h', T, S)
+
     if probs is not None:  # the model's own probabilities: no second softmax
         ent, ent_n = _entropy_sums(probs, vis)
-    # (batch, head) blocks of at most _LOGIT_BLOCK logits: memory flat in B, H and T
-    b_log = b if probs is None else n_er  # with probs, logits only for logit_erank
-    bstep = max(1, min(b, _LOGIT_BLOCK // (t * s)))
-    hstep = max(1, min(nh, _LOGIT_BLOCK // (bstep * t * s)))
-    for b0 in range(0, b_log, bstep):
-        bsl = slice(b0, min(b_log, b0 + bstep))
-        n_er_blk = max(0, min(bsl.stop, n_er) - b0)  # erank sequences in this block
-        for h0 in range(0, nh, hstep):
-            hsl = slice(h0, min(nh, h0 + hstep))
-            v = vis[bsl] if vis.shape[1] == 1 else vis[bsl, hsl]  # (b', 1|h', T, S)
-            qb = q[bsl, hsl].double()  # (b', h', T, dh)
-            logits = (qb @ k_exp[bsl, hsl].double().transpose(-2, -1)) * scaling
-            if probs is None:
-                pattern = torch.softmax(logits.masked_fill(~v, float("-inf")), dim=-1)
-                raw, norm = M.attention_entropy(pattern, v)  # (h',) row means
-                r = (v.sum(-1) >= 2).sum(dim=(0, 2)).double()  # (1|h',) rows counted
-                ent[hsl] += raw * r
-                ent_n[hsl] += norm * r
-                del pattern
-            if n_er_blk:
-                er[hsl] += logit_erank_gram(logits[:n_er_blk], v[:n_er_blk]) * n_er_blk
-            del logits
+    else:
+        for bsl, hsl in _blocks(b, nh, t, s):
+            v = vis_of(bsl, hsl)
+            logits = (q[bsl, hsl].double() @ k_exp[bsl, hsl].double().transpose(-2, -1))
+            pattern = torch.softmax((logits * scaling).masked_fill(~v, float("-inf")), dim=-1)
+            raw, norm = M.attention_entropy(pattern, v)  # (h',) row means
+            r = (v.sum(-1) >= 2).sum(dim=(0, 2)).double()  # (1|h',) rows counted
+            ent[hsl] += raw * r
+            ent_n[hsl] += norm * r
+            del pattern, logits
+    erank = logit_erank_f32 if erank_dtype == torch.float32 else logit_erank_gram
+    for bsl, hsl in _blocks(n_er, nh, t, s):
+        logits = (q[bsl, hsl].to(erank_dtype) @ k_exp[bsl, hsl].to(erank_dtype)
+                  .transpose(-2, -1)) * scaling
+        er[hsl] += erank(logits, vis_of(bsl, hsl)) * (bsl.stop - bsl.start)
+        del logits
     return ent, ent_n, er
 
 
@@ -188,10 +221,12 @@ class GeometryAccumulator:
     """
 
     def __init__(self, *, erank_seqs: int = DEFAULT_ERANK_SEQS,
-                 device: torch.device | str | None = None) -> None:
+                 device: torch.device | str | None = None,
+                 erank_dtype: torch.dtype = torch.float32) -> None:
         self.layers: dict[int, _LayerState] = {}
         self.erank_seqs = erank_seqs
         self.device = device
+        self.erank_dtype = erank_dtype  # float32: logit_erank_f32; float64: logit_erank_gram
 
     @torch.no_grad()
     def update(self, layer: int, q: Tensor, k: Tensor, visible: Tensor, scaling: float,
@@ -226,7 +261,7 @@ class GeometryAccumulator:
         vis = vis.expand(b, vis.shape[1], t, s)
         rows = (vis.sum(-1) >= 2).sum(dim=(0, 2)).double()  # (1|H,) counted rows per head
         n_er = max(0, min(b, self.erank_seqs - st.erank_n))
-        ent, ent_n, er = _attention_sums(q, k, vis, scaling, probs, n_er)
+        ent, ent_n, er = _attention_sums(q, k, vis, scaling, probs, n_er, self.erank_dtype)
         if st.ent_sum is None:
             st.ent_sum, st.ent_norm_sum = ent, ent_n
             st.erank_sum, st.ent_rows = er, rows
