@@ -10,12 +10,17 @@ with anything but a :class:`~qkgeom.errors.QkgeomError` (a deterministic, user-f
 error) is resubmitted up to ``retries`` times; a crashed worker process is retried by Ray
 itself (``max_retries``). Failures are reported per revision at the end.
 
+Test only (like training's ``fail_at_step``): ``$QKGEOM_TEST_FAIL_REVISION`` set to
+``LABEL[:N],...`` makes revision LABEL's task raise :class:`qkgeom.train.InjectedFailure` on
+its first N attempts (default 1), a real failed Ray task that exercises ``--retries``.
+
 Ray is started and stopped through :mod:`qkgeom.tune`'s helpers (the same ones
 ``qkgeom sweep`` uses).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +34,8 @@ from qkgeom.pretrained.runs import RevisionJob, Stored, measure_job
 if TYPE_CHECKING:
     from qkgeom.store import Store
 
+FAULT_ENV = "QKGEOM_TEST_FAIL_REVISION"
+
 
 @dataclass
 class RayOptions:
@@ -41,14 +48,36 @@ class RayOptions:
     num_cpus: int | None = None  # local instance only (default: all cores)
 
 
-def _measure_task(job: RevisionJob, text: str, text_path: str, kw: dict, threads: int
-                  ) -> tuple[list, dict, float]:
-    """Body of a Ray task: measure one revision and return its rows (stored by the driver)."""
-    import os
+def injected_faults(spec: str | None) -> dict[str, int]:
+    """TEST ONLY: ``$QKGEOM_TEST_FAIL_REVISION`` (``LABEL[:N],...``) as {label: attempts to
+    fail}; empty when unset."""
+    out: dict[str, int] = {}
+    for part in (spec or "").split(","):
+        label, _, n = part.strip().partition(":")
+        if label:
+            if n and not n.isdigit():
+                raise PretrainedError(f"${FAULT_ENV}: {part!r} is not LABEL or LABEL:N "
+                                      "(a test-only setting: unset it)")
+            out[label] = int(n or 1)
+    return out
+
+
+def _measure_task(job: RevisionJob, text: str, text_path: str, kw: dict, threads: int,
+                  attempt: int = 1, fail_attempts: int = 0) -> tuple[list, dict, float]:
+    """Body of a Ray task: measure one revision and return its rows (stored by the driver).
+
+    ``attempt``: 1 for the first submission; attempts up to ``fail_attempts`` (test only,
+    :func:`injected_faults`) raise before measuring.
+    """
     import socket
 
     import torch
 
+    if attempt <= fail_attempts:
+        from qkgeom.train import InjectedFailure
+
+        raise InjectedFailure(f"{FAULT_ENV}: injected failure of {job.label}, attempt "
+                              f"{attempt} of the first {fail_attempts}")
     torch.set_num_threads(max(1, threads))
     if kw.get("device", "cpu") == "cpu" and os.environ.get("CUDA_VISIBLE_DEVICES") \
             and kw.pop("_gpu", False):
@@ -66,6 +95,22 @@ def _one_line(e: BaseException) -> str:
     return f"{type(cause).__name__}: {msg[-1] if msg else ''}".strip()
 
 
+def _cluster_resources(opts: RayOptions) -> dict[str, float]:
+    """The connected cluster's resources; a :class:`PretrainedError` if one revision's task
+    can never be placed on it."""
+    import ray
+
+    res = ray.cluster_resources()
+    if opts.gpus_per_revision > 0 and res.get("GPU", 0) < opts.gpus_per_revision:
+        raise PretrainedError(f"--gpus-per-revision {opts.gpus_per_revision} but the Ray "
+                              f"cluster has {res.get('GPU', 0):g} GPUs; lower it or "
+                              "add GPU nodes")
+    if res.get("CPU", 0) < opts.cpus_per_revision:
+        raise PretrainedError(f"--cpus-per-revision {opts.cpus_per_revision} but the Ray "
+                              f"cluster has {res.get('CPU', 0):g} CPUs")
+    return res
+
+
 def run_on_ray(name: str, jobs: list[RevisionJob], text: str, text_path: str | Path, *,
                store: Store | None, opts: RayOptions,
                note: Callable[[str], None] | None = None, **kw: Any) -> list[Stored]:
@@ -81,17 +126,11 @@ def run_on_ray(name: str, jobs: list[RevisionJob], text: str, text_path: str | P
     say = note or (lambda _m: None)
     if opts.gpus_per_revision < 0 or opts.cpus_per_revision <= 0:
         raise PretrainedError("--gpus-per-revision must be >= 0 and --cpus-per-revision > 0")
+    faults = injected_faults(os.environ.get(FAULT_ENV))
     started_here = not ray.is_initialized()
     tune.init_ray(tune.SweepOptions(address=opts.address, num_cpus=opts.num_cpus))
     try:
-        res = ray.cluster_resources()
-        if opts.gpus_per_revision > 0 and res.get("GPU", 0) < opts.gpus_per_revision:
-            raise PretrainedError(f"--gpus-per-revision {opts.gpus_per_revision} but the Ray "
-                                  f"cluster has {res.get('GPU', 0):g} GPUs; lower it or "
-                                  "add GPU nodes")
-        if res.get("CPU", 0) < opts.cpus_per_revision:
-            raise PretrainedError(f"--cpus-per-revision {opts.cpus_per_revision} but the Ray "
-                                  f"cluster has {res.get('CPU', 0):g} CPUs")
+        res = _cluster_resources(opts)
         task = ray.remote(_measure_task).options(
             num_cpus=opts.cpus_per_revision, num_gpus=opts.gpus_per_revision,
             max_retries=opts.retries)  # worker crashes; exceptions are retried below
@@ -99,10 +138,11 @@ def run_on_ray(name: str, jobs: list[RevisionJob], text: str, text_path: str | P
         kw = dict(kw, _gpu=opts.gpus_per_revision > 0)
         threads = max(1, int(opts.cpus_per_revision))
 
-        def submit(job: RevisionJob) -> Any:
-            return task.remote(job, text_ref, str(text_path), dict(kw), threads)
+        def submit(job: RevisionJob, attempt: int) -> Any:
+            return task.remote(job, text_ref, str(text_path), dict(kw), threads, attempt,
+                               faults.get(job.label, 0))
 
-        pending = {submit(j): (j, 1) for j in jobs}
+        pending = {submit(j, 1): (j, 1) for j in jobs}
         n = len(jobs)
         say(f"{name}: {n} revision(s) as Ray tasks ({opts.cpus_per_revision:g} CPU, "
             f"{opts.gpus_per_revision:g} GPU each) on {res.get('CPU', 0):g} CPUs, "
@@ -121,7 +161,7 @@ def run_on_ray(name: str, jobs: list[RevisionJob], text: str, text_path: str | P
                 user = isinstance(getattr(e, "cause", None), QkgeomError)
                 if not user and attempt <= opts.retries:
                     say(f"  {job.label}: attempt {attempt} failed ({msg}); retrying")
-                    pending[submit(job)] = (job, attempt + 1)
+                    pending[submit(job, attempt + 1)] = (job, attempt + 1)
                     continue
                 failed.append((job.label, msg))
                 say(f"  [{len(out) + len(failed)}/{n}] {job.label}: FAILED after {attempt} "
