@@ -48,7 +48,23 @@ def _pr_of_power(logw: Tensor, live: Tensor, p: Tensor) -> Tensor:
     return wp.sum(-1) ** 2 / (wp * wp).sum(-1)
 
 
-def solve_power(weights: Tensor, target: Tensor, rounds: int = 4, points: int = 33) -> Tensor:
+def _newton_power(logw: Tensor, live: Tensor, target: Tensor, p: Tensor,
+                  iters: int = 3) -> Tensor:
+    """``iters`` Newton steps on PR(w**p) = target from ``p [L]``. With ``e = w**p``,
+    ``S1 = sum e``, ``S2 = sum e**2`` and ``D1``, ``D2`` their sums weighted by ``log w``:
+    PR = S1**2 / S2 and dPR/dp = 2 S1 (D1 S2 - S1 D2) / S2**2."""
+    livef = live.to(logw.dtype)
+    for _ in range(iters):
+        e = torch.exp(p[:, None] * logw) * livef
+        e2 = e * e
+        s1, s2 = e.sum(-1), e2.sum(-1)
+        d1, d2 = (e * logw).sum(-1), (e2 * logw).sum(-1)
+        p = p - s2 * (s1 * s1 - target * s2) / (2 * s1 * (d1 * s2 - s1 * d2))
+    return p
+
+
+def solve_power(weights: Tensor, target: Tensor, rounds: int = 4, points: int = 33,
+                start: Tensor | None = None) -> Tensor:
     """Exponent ``p`` in [0, 64] per row such that PR(weights**p) = target.
 
     ``weights [L, n]`` non-negative (a spectrum: ``s**2`` for a weight matrix, eigenvalues
@@ -58,10 +74,22 @@ def solve_power(weights: Tensor, target: Tensor, rounds: int = 4, points: int = 
     rounds: a cell of 64 / 32**4 = 6e-5), then the root is interpolated linearly inside it:
     a handful of batched tensor ops instead of a long scalar bisection, since this runs
     after every optimizer step. Targets beyond the reachable range give its end.
+
+    ``start``: exponents near the root (the arm passes 1: after the previous step's map,
+    the spectrum is one optimizer step away from its target). On the CPU, three Newton steps
+    from it come first and are kept when every row lands within 1e-10
+    relative of its target inside [0, 64]; otherwise, and always on other devices (where
+    checking would wait for the device every step), the grid search runs.
     """
     w = weights / weights.amax(-1, keepdim=True).clamp_min(1e-300)
     live = w > 0
-    logw = torch.log(w.clamp_min(1e-300))
+    logw = torch.where(live, torch.log(w.clamp_min(1e-300)), 0.0)
+    if start is not None and w.device.type == "cpu":
+        p = _newton_power(logw, live, target, start.to(w.dtype))
+        pr = _pr_of_power(logw, live, p[:, None])[:, 0]
+        if bool(((pr - target).abs() <= 1e-10 * target).all() & (p >= 0).all()
+                & (p <= 64).all()):
+            return p
     lo = torch.zeros_like(target)
     hi = torch.full_like(target, 64.0)
     frac = torch.linspace(0, 1, points, dtype=w.dtype, device=w.device)
@@ -75,17 +103,19 @@ def solve_power(weights: Tensor, target: Tensor, rounds: int = 4, points: int = 
     return lo + t * (hi - lo)
 
 
-def reshape_singular_values(s: Tensor, target_pr: Tensor) -> Tensor:
-    """New singular values ``c * s**p`` with PR(s_new**2) = target and ||s_new|| = ||s||.
+def reshape_singular_values(s: Tensor, target_pr: Tensor,
+                            start: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """New singular values ``c * s**p`` with PR(s_new**2) = target and ||s_new|| = ||s||,
+    and the exponents ``p [L]``; ``start``: see :func:`solve_power`.
 
     ``s [L, n]``, ``target_pr [L]``. Batched over layers.
     """
     s = s.double()
-    p = solve_power(s * s, target_pr.double())  # PR is defined on s**2
+    p = solve_power(s * s, target_pr.double(), start=start)  # PR is defined on s**2
     sn = s / s.amax(-1, keepdim=True).clamp_min(1e-300)
     sp = torch.where(sn > 0, sn.clamp_min(1e-300) ** p[:, None], torch.zeros_like(sn))
     scale = s.norm(dim=-1, keepdim=True) / sp.norm(dim=-1, keepdim=True).clamp_min(1e-300)
-    return sp * scale
+    return sp * scale, p
 
 
 # ---------------------------------------------------------------------- schedule
@@ -171,7 +201,10 @@ class KeySpectrumControl:
         lam, v = torch.linalg.eigh(w.mT @ w)
         s = lam.clamp_min(0).sqrt()  # (L, C), ascending; order does not matter below
         target = torch.tensor(tgt).to(w.device, non_blocking=True)  # no extra sync on CUDA
-        s_new = reshape_singular_values(s, target).to(w.dtype)
+        # W_K already had its target PR after the last step; one optimizer step later the
+        # map that restores it is close to the identity, p = 1: Newton's start (CPU)
+        s_new, _ = reshape_singular_values(s, target, torch.ones_like(s[:, 0]))
+        s_new = s_new.to(w.dtype)
         gain = torch.where(s > 0, s_new / s.clamp_min(1e-300), torch.zeros_like(s))
         w_new = (w @ v) * gain[:, None, :] @ v.mT  # same singular vectors, new values
         for x, xn in zip(ws, w_new):

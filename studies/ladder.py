@@ -10,7 +10,12 @@ end-of-training PR_Q and PR_K per depth. Everything goes through the public CLI
     python studies/ladder.py --cell e64-lr1e-3=cpu.db:cpu --cell e64-lr3e-3=ladder.db \
         --reports reports --json studies/ladder-verdicts.json > ladder.md
 
-A cell is ``LABEL=DB[:SWEEP]``; SWEEP defaults to ``ladder-LABEL``.
+A cell is ``LABEL=DB[:SWEEP]`` (DB a SQLite file); SWEEP defaults to ``ladder-LABEL``.
+
+``--per-seed DIR``: also the verdicts of the grid claims (2-*, 3) from each grid seed
+alone. For seed s, a copy of the database in DIR has every other seed's arm-none trial
+marked ``error`` (the report reads terminated trials only), and ``qkgeom report`` runs on
+the copy; the cell's own database is never written.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
+import sqlite3
 import subprocess
 import sys
 from collections import defaultdict
@@ -89,6 +96,33 @@ def cell_facts(label: str, db: str, sweep: str, reports: Path) -> dict:
     }
 
 
+GRID_CLAIMS = ["2-gap", "2-slopes", "2-slopes-collapse", "3"]
+
+
+def per_seed_verdicts(label: str, db: str, sweep: str, out: Path,
+                      seeds: tuple[int, ...] = (0, 1)) -> dict[str, dict[str, str]]:
+    """{seed: {grid claim: verdict}} with the geometry trials of that grid seed alone."""
+    out.mkdir(parents=True, exist_ok=True)
+    got = {}
+    for seed in seeds:
+        copy = out / f"{label}-seed{seed}.db"
+        shutil.copy(db, copy)
+        con = sqlite3.connect(copy)
+        try:
+            with con:
+                (sid,) = con.execute("SELECT id FROM sweeps WHERE name = ?", (sweep,)).fetchone()
+                con.execute("UPDATE trials SET status = 'error' WHERE sweep_id = ? AND "
+                            "arm = 'none' AND seed <> ?", (sid, seed))
+        finally:
+            con.close()
+        rep = out / f"{label}-seed{seed}"
+        qkgeom("report", "--db", f"sqlite:///{copy}", "--sweep", sweep, "--out", str(rep),
+               "--format", "json")
+        claims = {c["key"]: c for c in json.loads((rep / "report.json").read_text())["claims"]}
+        got[str(seed)] = {k: claims[k]["verdict"] for k in GRID_CLAIMS if k in claims}
+    return got
+
+
 def hm(s: float | None) -> str:
     if s is None:
         return "-"
@@ -118,6 +152,17 @@ def markdown(cells: list[dict]) -> str:
         ar = ", ".join(f"{v['n_agree']}/{v['n_seeds']}" if v.get("n_seeds") else "-"
                        for v in c["arms"].values())
         md.append(f"| {c['label']} | {gap} | {ll} | {ar} |")
+    if any("per_seed" in c for c in cells):
+        short = {"holds": "holds", "does not hold": "no", "not enough data": "?"}
+        md += ["", "| cell | " + " | ".join(f"{k}: seed 0 / seed 1 / both" for k in
+                                           GRID_CLAIMS) + " |", "|---" * 5 + "|"]
+        for c in cells:
+            ps = c.get("per_seed", {})
+            row = [" / ".join(short[v] for v in (ps.get("0", {}).get(k, "not enough data"),
+                                                 ps.get("1", {}).get(k, "not enough data"),
+                                                 c["verdicts"].get(k, "not enough data")))
+                   for k in GRID_CLAIMS]
+            md.append(f"| {c['label']} | " + " | ".join(row) + " |")
     return "\n".join(md)
 
 
@@ -126,13 +171,18 @@ def main() -> None:
     ap.add_argument("--cell", action="append", required=True, help="LABEL=DB[:SWEEP]")
     ap.add_argument("--reports", default="reports", help="where the reports are written")
     ap.add_argument("--json", help="write the cells' facts here")
+    ap.add_argument("--per-seed", help="directory for the per-grid-seed database copies and "
+                    "reports (adds the grid claims' verdicts per seed)")
     a = ap.parse_args()
     cells = []
     for spec in a.cell:
         label, _, rest = spec.partition("=")
         db, _, sweep = rest.partition(":")
         print(f"cell {label}: {db} {sweep or 'ladder-' + label}", file=sys.stderr)
-        cells.append(cell_facts(label, db, sweep or f"ladder-{label}", Path(a.reports)))
+        sweep = sweep or f"ladder-{label}"
+        cells.append(cell_facts(label, db, sweep, Path(a.reports)))
+        if a.per_seed:
+            cells[-1]["per_seed"] = per_seed_verdicts(label, db, sweep, Path(a.per_seed))
     if a.json:
         Path(a.json).write_text(json.dumps(cells, indent=1) + "\n")
     print(markdown(cells))
