@@ -33,6 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+P_DEFAULT_ERANK_SEQS = 8  # qkgeom.pretrained.DEFAULT_ERANK_SEQS (not imported: it loads torch)
 
 
 def _rss_mb() -> float:
@@ -62,7 +63,7 @@ class PeakSampler:
         self.peak = max(self.peak, _rss_mb())
 
 
-def child_smollm2(budget: int, text_path: str, rounds: int) -> dict:
+def child_smollm2(budget: int, text_path: str, rounds: int, erank_seqs: int) -> dict:
     """Plain forward and probe interleaved ``rounds`` times on the same batches; best of each."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
@@ -76,7 +77,8 @@ def child_smollm2(budget: int, text_path: str, rounds: int) -> dict:
     load_s = time.perf_counter() - t0
     text = Path(text_path).read_text(encoding="utf-8")
     ids = P.tokenize_text(loaded.tokenizer, text, budget)
-    out = dict(budget=budget, load_s=load_s, threads=torch.get_num_threads(), rounds=rounds)
+    out = dict(budget=budget, load_s=load_s, threads=torch.get_num_threads(), rounds=rounds,
+               erank_seqs=erank_seqs)
     tok = loaded.tokenizer
     seqs = P.text_windows(ids, P.DEFAULT_SEQ_LEN, *P.special_affixes(tok))  # as measure_hf cuts
     bs = P.DEFAULT_CHUNK_TOKENS // P.DEFAULT_SEQ_LEN
@@ -95,7 +97,7 @@ def child_smollm2(budget: int, text_path: str, rounds: int) -> dict:
         fwd.append(plain())
         with PeakSampler() as ps:
             t0 = time.perf_counter()
-            m = P.measure_hf(loaded, text, ids=ids, max_tokens=budget)
+            m = P.measure_hf(loaded, text, ids=ids, max_tokens=budget, erank_seqs=erank_seqs)
             probe.append(time.perf_counter() - t0)  # incl. weight spectra and final rows
         peak = max(peak, ps.peak)
     n = m.meta["tokens"]
@@ -154,9 +156,12 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--rounds", type=int, default=3,
                     help="forward/probe rounds per budget, interleaved; best of each")
+    ap.add_argument("--erank-seqs", type=int, default=P_DEFAULT_ERANK_SEQS,
+                    help="sequences entering logit_erank (the probe's default; 0 leaves the "
+                    "metric out, to see what the rest of the probe costs)")
     a = ap.parse_args()
     if a.child == "smollm2":
-        print(json.dumps(child_smollm2(a.budget, a.text, a.rounds)))
+        print(json.dumps(child_smollm2(a.budget, a.text, a.rounds, a.erank_seqs)))
         return
     if a.child == "synthetic":
         print(json.dumps(child_synthetic(a.budget)))
@@ -171,7 +176,7 @@ def main() -> None:
     budgets = [int(x) for x in a.budgets.split(",") if x]
     for n in budgets:
         r = spawn(["--child", "smollm2", "--budget", str(n), "--text", text,
-                   "--rounds", str(a.rounds)])
+                   "--rounds", str(a.rounds), "--erank-seqs", str(a.erank_seqs)])
         results["smollm2"].append(r)
         print(f"smollm2  {r['tokens']:>7,} tokens: probe {r['probe_best_s']:6.2f} s "
               f"({r['tokens_per_s']:6.1f} tok/s), plain forward {r['forward_best_s']:6.2f} s "
