@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from qkgeom.errors import QkgeomError
+
 LADDER_FILE = Path(__file__).with_name("ladder.json")
 DECIDED = ("holds", "does not hold")
 FINDINGS = "docs/findings.md"
@@ -35,10 +37,15 @@ def load_cells(path: str | Path | None = None) -> list[Cell]:
     if not p.is_file():
         return []
     cells = []
-    for c in json.loads(p.read_text()):
-        sc = c.get("scale") or {}
-        (n_embd,), (lr,) = sc["n_embd"], sc["lr"]  # a cell has one width and one lr
-        cells.append(Cell(c["label"], int(n_embd), float(lr), dict(c["verdicts"])))
+    try:
+        for c in json.loads(p.read_text()):
+            sc = c.get("scale") or {}
+            (n_embd,), (lr,) = sc["n_embd"], sc["lr"]  # a cell has one width and one lr
+            cells.append(Cell(c["label"], int(n_embd), float(lr), dict(c["verdicts"])))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise QkgeomError(f"{p} is not a ladder file ({type(e).__name__}: {e}); rewrite it "
+                          "with `python studies/ladder.py --cell ... --json` from the cells' "
+                          "databases (docs/findings.md, Commands)") from None
     return cells
 
 

@@ -64,6 +64,18 @@ def test_no_ladder_file(tmp_path):
     assert L.robustness([], "2-gap")["summary"] == "not measured on the ladder"
 
 
+@pytest.mark.parametrize("text", ["{not json", '[{"label": "x"}]',
+                                  '[{"label": "x", "scale": {"n_embd": [32, 48], "lr": [0.001]},'
+                                  ' "verdicts": {}}]', '{"label": "x"}'])
+def test_a_malformed_ladder_file_is_a_clear_error(tmp_path, text):
+    from qkgeom.errors import QkgeomError
+
+    p = tmp_path / "ladder.json"
+    p.write_text(text)
+    with pytest.raises(QkgeomError, match="is not a ladder file.*studies/ladder.py"):
+        L.load_cells(p)
+
+
 def test_the_shipped_ladder_file_reads():
     cells = L.load_cells()
     if not L.LADDER_FILE.is_file():
