@@ -221,7 +221,7 @@ def coerce(cls: type, key: str, value: Any) -> Any:
 # ---------------------------------------------------------------------- presets
 #
 # smoke: a trial in a few seconds on one CPU core (tests); its optimiser is not the paper's.
-# cpu:   the study scaled to a 2-core machine (n_embd 32, context 32, 1,500 steps) with the
+# cpu:   the study scaled to a 2-core machine (n_embd 48, context 48, 1,500 steps) with the
 #        paper preset's optimiser: peak lr 1e-3, cosine floor 1e-4, warm-up 4% of training
 #        (the paper preset's 200 of 5,000 steps), AdamW weight decay 0.1, betas (0.9, 0.99).
 #        Model scale and learning rate are the factors of the ladder in docs/findings.md;
@@ -237,7 +237,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         probe_batch=4, lr=3e-3, min_lr=3e-4, threads=1,
     ),
     "cpu": dict(
-        n_layer=4, n_embd=32, n_head=4, block_size=32, batch_size=32, max_steps=1500,
+        n_layer=4, n_embd=48, n_head=4, block_size=48, batch_size=32, max_steps=1500,
         probe_every=100, eval_every=100, eval_batches=4, test_batches=16, probe_batch=8,
         threads=1, **PAPER_OPTIMISER,
     ),

@@ -178,8 +178,8 @@ def test_report_states_its_scale_and_optimiser_beside_the_papers(tmp_path):
     header = md.split("## Scale and optimiser, beside the paper's", 1)[1].split("## Claims", 1)[0]
     rows = {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:4]]
             for r in header.splitlines() if r.startswith("| ") and "---" not in r}
-    assert rows["width n_embd"] == ["32", "256 (reconstructed)"]
-    assert rows["context"][0] == "32" and rows["training steps"][0] == "1500"
+    assert rows["width n_embd"] == ["48", "256 (reconstructed)"]
+    assert rows["context"][0] == "48" and rows["training steps"][0] == "1500"
     assert rows["peak lr"][0] == "0.0010" and rows["lr floor (cosine)"][0] == "1.000e-04"
     assert rows["warm-up steps"][0] == "60" and "200" in rows["warm-up steps"][1]
     assert rows["AdamW betas"][0] == "(0.9, 0.99)" and rows["weight decay"][0] == "0.1"
@@ -187,7 +187,7 @@ def test_report_states_its_scale_and_optimiser_beside_the_papers(tmp_path):
     assert rows["seeds of arm shrink"][0] == "5 (0, 1, 2, 3, 4)"
     assert "docs/findings.md" in header
     scale = json.loads((out / "report.json").read_text())["scale"]
-    assert scale["lr"] == [0.001] and scale["n_embd"] == [32]
+    assert scale["lr"] == [0.001] and scale["n_embd"] == [48]
 
 
 def test_report_shrink_act_arm_and_the_job_table(tmp_path):
