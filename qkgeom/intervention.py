@@ -104,9 +104,9 @@ def solve_power(weights: Tensor, target: Tensor, rounds: int = 4, points: int = 
 
 
 def reshape_singular_values(s: Tensor, target_pr: Tensor,
-                            start: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """New singular values ``c * s**p`` with PR(s_new**2) = target and ||s_new|| = ||s||,
-    and the exponents ``p [L]``; ``start``: see :func:`solve_power`.
+                            start: Tensor | None = None) -> Tensor:
+    """New singular values ``c * s**p`` with PR(s_new**2) = target and ||s_new|| = ||s||;
+    ``start``: see :func:`solve_power`.
 
     ``s [L, n]``, ``target_pr [L]``. Batched over layers.
     """
@@ -115,7 +115,7 @@ def reshape_singular_values(s: Tensor, target_pr: Tensor,
     sn = s / s.amax(-1, keepdim=True).clamp_min(1e-300)
     sp = torch.where(sn > 0, sn.clamp_min(1e-300) ** p[:, None], torch.zeros_like(sn))
     scale = s.norm(dim=-1, keepdim=True) / sp.norm(dim=-1, keepdim=True).clamp_min(1e-300)
-    return sp * scale, p
+    return sp * scale
 
 
 # ---------------------------------------------------------------------- schedule
@@ -203,8 +203,7 @@ class KeySpectrumControl:
         target = torch.tensor(tgt).to(w.device, non_blocking=True)  # no extra sync on CUDA
         # W_K already had its target PR after the last step; one optimizer step later the
         # map that restores it is close to the identity, p = 1: Newton's start (CPU)
-        s_new, _ = reshape_singular_values(s, target, torch.ones_like(s[:, 0]))
-        s_new = s_new.to(w.dtype)
+        s_new = reshape_singular_values(s, target, torch.ones_like(s[:, 0])).to(w.dtype)
         gain = torch.where(s > 0, s_new / s.clamp_min(1e-300), torch.zeros_like(s))
         w_new = (w @ v) * gain[:, None, :] @ v.mT  # same singular vectors, new values
         for x, xn in zip(ws, w_new):

@@ -182,34 +182,27 @@ class Server:
 
     def trends(self, st: Study, version: Any, *, wait_s: float | None = None
                ) -> tuple[Any, bool]:
-        def make() -> list[dict[str, Any]]:
-            rows = []
-            for r in st.pretrained().iter_rows(named=True):
-                row = dict(r)
-                try:
-                    o = st.checkpoint_trend(r["model"]).overall
-                    row.update(rho=o.rho, peak_step=o.peak_step,
-                               rises_then_decays=o.rises_then_decays)
-                except QkgeomError as e:
-                    row["note"] = str(e)
-                rows.append(row)
-            return rows
-
-        return self.jobs.get(("pretrained", "trends"), version[-1], make, wait_s=wait_s)
-
-    def trend_svg(self, st: Study, version: Any, *, wait_s: float | None = None
-                  ) -> tuple[Any, bool]:
-        """The checkpoint-trend chart as inline SVG ('' when no checkpoint has a step)."""
+        """(table rows, chart SVG) of the pretrained models' checkpoint trends, from one
+        :meth:`Study.checkpoint_trends` pass; the SVG is '' when no checkpoint has a step."""
         from qkgeom import plots
 
-        def make() -> str:
-            df = st.checkpoint_frame()
-            if df.height == 0:
-                return ""
-            svg = plots.to_svg(plots.checkpoint_trends(df))
-            return svg[svg.find("<svg"):]
+        def make() -> tuple[list[dict[str, Any]], str]:
+            trends = st.checkpoint_trends()
+            rows = []
+            for r in st.pretrained().iter_rows(named=True):
+                row, rep = dict(r), trends.get(r["model"])
+                if isinstance(rep, A.CheckpointTrendReport):
+                    o = rep.overall
+                    row.update(rho=o.rho, peak_step=o.peak_step,
+                               rises_then_decays=o.rises_then_decays)
+                else:
+                    row["note"] = str(rep)
+                rows.append(row)
+            df = st.checkpoint_frame(trends)
+            svg = plots.to_svg(plots.checkpoint_trends(df)) if df.height else ""
+            return rows, svg[svg.find("<svg"):]
 
-        return self.jobs.get(("pretrained", "trend-chart"), version[-1], make, wait_s=wait_s)
+        return self.jobs.get(("pretrained", "trends"), version[-1], make, wait_s=wait_s)
 
     # ------------------------------------------------------------------ routes
     def index(self, req: Request) -> Response:
@@ -245,7 +238,6 @@ class Server:
         self.chart_svg(st, version, metric, view, wait_s=0)
         self.claims(st, version, unfinished, wait_s=0)
         self.trends(st, version, wait_s=0)
-        self.trend_svg(st, version, wait_s=0)
         deadline = time.monotonic() + self.jobs.wait_s
 
         def left() -> float:
@@ -327,10 +319,10 @@ class Server:
         return "".join(out)
 
     def _pretrained_section(self, st: Study, version: Any, *, wait_s: float) -> str:
-        pre, _ = self.trends(st, version, wait_s=wait_s)
-        if not (isinstance(pre, list) and pre):
+        got, _ = self.trends(st, version, wait_s=wait_s)
+        if not (isinstance(got, tuple) and got[0]):
             return ""
-        chart, _ = self.trend_svg(st, version, wait_s=wait_s)
+        pre, chart = got
         fig = f"<figure id='checkpoint-chart'>{chart}</figure>" if chart else ""
         return ("<h2>Pretrained models</h2><p class='note'>Trend of PR_Q - PR_K over each "
                 "model's checkpoints (Spearman vs step, peak).</p>" + fig

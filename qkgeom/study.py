@@ -214,15 +214,26 @@ class Study:
         """``qkgeom stats correlate``: see :func:`qkgeom.analysis.correlate`."""
         return A.correlate(self.store, self.name, x=x, y=y, **kw)
 
-    def checkpoint_frame(self) -> pl.DataFrame:
-        """PR_Q - PR_K (mean over layers) at every checkpoint with a step of every
-        pretrained model in the database: model, step, value, peak (the model's peak)."""
-        rows = []
+    def checkpoint_trends(self) -> dict[str, A.CheckpointTrendReport | QkgeomError]:
+        """:meth:`checkpoint_trend` of every pretrained model in the database, or the error
+        that says why a model has none (no checkpoint with a known step)."""
+        out: dict[str, A.CheckpointTrendReport | QkgeomError] = {}
         for model in self.pretrained()["model"].to_list():
             try:
-                o = A.checkpoint_trend(self.store, model).overall
-            except QkgeomError:
+                out[model] = A.checkpoint_trend(self.store, model)
+            except QkgeomError as e:
+                out[model] = e
+        return out
+
+    def checkpoint_frame(self, trends: dict[str, Any] | None = None) -> pl.DataFrame:
+        """PR_Q - PR_K (mean over layers) at every checkpoint with a step of every
+        pretrained model in the database: model, step, value, peak (the model's peak).
+        ``trends``: :meth:`checkpoint_trends` when the caller already has it."""
+        rows = []
+        for model, rep in (self.checkpoint_trends() if trends is None else trends).items():
+            if isinstance(rep, QkgeomError):
                 continue  # no checkpoint with a known step: nothing to draw
+            o = rep.overall
             rows += [{"model": model, "step": int(st), "value": float(v),
                       "peak": o.peak_step is not None and int(st) == int(o.peak_step)}
                      for st, v in zip(o.steps, o.values)]

@@ -27,7 +27,7 @@ def np_pr_sq(s):
 @pytest.mark.parametrize("target", [1.5, 5.0, 20.0, 40.0])
 def test_reshape_hits_target_and_keeps_norm(target):
     s = np.sort(np.abs(RNG.standard_normal(48)))[::-1] * 0.3
-    new = reshape_singular_values(torch.tensor(s)[None], torch.tensor([target]))[0][0].numpy()
+    new = reshape_singular_values(torch.tensor(s)[None], torch.tensor([target]))[0].numpy()
     assert np_pr_sq(new) == pytest.approx(target, rel=1e-6)
     assert np.linalg.norm(new) == pytest.approx(np.linalg.norm(s), rel=1e-12)
     assert (np.diff(new) <= 1e-15).all()  # order (hence the singular vectors' roles) kept
@@ -62,10 +62,10 @@ def test_unreachable_targets_clip_to_the_reachable_range():
     # as singular values: above the rank -> every non-zero value equal (PR = rank 3), the
     # zero stays zero and the norm is kept; below 1 -> s**64, closed form
     s = torch.tensor([[2.0, 1.0, 0.5, 0.0]], dtype=torch.float64)
-    flat = reshape_singular_values(s, torch.tensor([10.0]))[0][0].numpy()
+    flat = reshape_singular_values(s, torch.tensor([10.0]))[0].numpy()
     norm = float(s.norm())
     assert flat == pytest.approx([norm / np.sqrt(3)] * 3 + [0.0], rel=1e-9, abs=1e-12)
-    sharp = reshape_singular_values(s, torch.tensor([0.5]))[0][0].numpy()
+    sharp = reshape_singular_values(s, torch.tensor([0.5]))[0].numpy()
     want = s[0].numpy() ** 64
     assert sharp == pytest.approx(want * norm / np.linalg.norm(want), rel=1e-9, abs=1e-300)
     assert np_pr_sq(sharp) == pytest.approx(np_pr_sq(s[0].numpy() ** 64), rel=1e-9)

@@ -111,6 +111,13 @@ def _erank_of_singular_values(s: Tensor) -> Tensor:
     return er.mean(0)
 
 
+def _masked(logits: Tensor, visible: Tensor, dtype: torch.dtype) -> Tensor:
+    """``logits`` in ``dtype`` with the entries a query may not see set to 0."""
+    a = logits.detach().to(dtype)
+    return torch.where(visible.to(torch.bool).expand_as(a), a,
+                       torch.zeros((), dtype=a.dtype, device=a.device))
+
+
 def logit_erank_gram(logits: Tensor, visible: Tensor) -> Tensor:
     """:func:`qkgeom.metrics.logit_effective_rank` in float64 through the Gram matrix: the
     singular values of the masked ``A`` are the square roots of the eigenvalues of
@@ -120,9 +127,7 @@ def logit_erank_gram(logits: Tensor, visible: Tensor) -> Tensor:
     of ``exp(H(s / sum s))`` (NaN for an all-zero matrix). Within ~2e-9 relative of the
     float64 SVD; the accumulator's ``erank_dtype=torch.float64`` route.
     """
-    a = logits.detach().double()
-    a = torch.where(visible.to(torch.bool).expand_as(a), a, torch.zeros((), dtype=a.dtype,
-                                                                         device=a.device))
+    a = _masked(logits, visible, torch.float64)
     lam = _batched_parallel(torch.linalg.eigvalsh, a.transpose(-2, -1) @ a)  # ascending
     return _erank_of_singular_values(lam.clamp_min(0).sqrt())
 
@@ -133,13 +138,11 @@ def logit_erank_f32(logits: Tensor, visible: Tensor) -> Tensor:
     the largest one, not to its square), the entropy in float64.
 
     The accumulator's default route: within 1.5e-7 relative of the float64 SVD on
-    SmolLM2-135M's heads (docs/benchmarks.md), and about 2x cheaper than
-    :func:`logit_erank_gram`, whose float64 logits, Gram product and eigensolve dominated
-    the cost of a short probe. Returns ``[H]``.
+    SmolLM2-135M's heads (docs/benchmarks.md), and about 20% cheaper than
+    :func:`logit_erank_gram` (0.19 s against 0.24 s for 72 matrices of 256 x 256 on two
+    threads). Returns ``[H]``.
     """
-    a = logits.detach().float()
-    a = torch.where(visible.to(torch.bool).expand_as(a), a, torch.zeros((), dtype=a.dtype,
-                                                                         device=a.device))
+    a = _masked(logits, visible, torch.float32)
     return _erank_of_singular_values(_batched_parallel(torch.linalg.svdvals, a))
 
 
