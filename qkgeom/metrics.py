@@ -38,8 +38,9 @@ def split_heads(w: Tensor, n_head: int) -> Tensor:
 # (no host-device sync: a probe reads all of them at once) and a float form. An undefined
 # value (all-zero input) is 0/0 = NaN in both.
 def participation_ratio_t(lam: Tensor) -> Tensor:
+    """Over the last axis: ``[..., n] -> [...]`` (a batch of spectra in one call)."""
     lam = lam.detach().double().clamp_min(0)
-    return lam.sum() ** 2 / (lam * lam).sum()
+    return lam.sum(-1) ** 2 / (lam * lam).sum(-1)
 
 
 def participation_ratio(lam: Tensor) -> float:
@@ -52,9 +53,10 @@ def participation_ratio(lam: Tensor) -> float:
 
 
 def effective_rank_t(s: Tensor) -> Tensor:
+    """Over the last axis: ``[..., n] -> [...]``."""
     s = s.detach().double().clamp_min(0)
-    p = s / s.sum()
-    return torch.exp(-torch.special.xlogy(p, p).sum())
+    p = s / s.sum(-1, keepdim=True)
+    return torch.exp(-torch.special.xlogy(p, p).sum(-1))
 
 
 def effective_rank(s: Tensor) -> float:
@@ -83,9 +85,10 @@ def activation_pr(x: Tensor) -> float:
 
 
 def weight_pr_t(w: Tensor) -> Tensor:
+    """Over the last two axes: ``[..., r, c] -> [...]`` (e.g. every head of a layer)."""
     w = w.detach().double()
-    g = w @ w.T if w.shape[0] <= w.shape[1] else w.T @ w
-    return torch.diagonal(g).sum() ** 2 / (g * g).sum()
+    g = w @ w.mT if w.shape[-2] <= w.shape[-1] else w.mT @ w
+    return torch.diagonal(g, dim1=-2, dim2=-1).sum(-1) ** 2 / (g * g).sum((-2, -1))
 
 
 def weight_pr(w: Tensor) -> float:
@@ -102,7 +105,8 @@ def spectrum_pr(s: Tensor) -> float:
     return float(spectrum_pr_t(s))
 
 
-def interaction_singular_values(w_q_h: Tensor, w_k_h: Tensor) -> Tensor:
+def interaction_singular_values(w_q_h: Tensor, w_k_h: Tensor,
+                                kv_of: Tensor | None = None) -> Tensor:
     """Singular values of the head interaction matrix ``W_q_h^T W_k_h``, in factored form.
 
     ``w_q_h``, ``w_k_h``: ``[..., d_head, d_model]`` (the head's rows of the torch weights;
@@ -110,12 +114,17 @@ def interaction_singular_values(w_q_h: Tensor, w_k_h: Tensor) -> Tensor:
     With ``W_q_h^T = Q1 R1`` and ``W_k_h^T = Q2 R2`` (thin QR, ``R`` of size
     ``d_head x d_head``), ``W_q_h^T W_k_h = Q1 (R1 R2^T) Q2^T`` and the orthonormal
     factors leave singular values unchanged: only a ``d_head x d_head`` SVD is needed.
+    Only ``R`` is formed (``mode="r"``: no orthonormal factor is built). ``kv_of``: with
+    grouped keys, ``w_k_h`` holds the ``H_kv`` key heads and query head ``h`` pairs with key
+    head ``kv_of[h]``, so each key head is factored once.
     Returns ``[..., d_head]`` singular values in descending order.
     """
     # (..., d_model, d_head) -> r1 (..., dh, dh)
-    _, r1 = torch.linalg.qr(w_q_h.detach().double().transpose(-2, -1))
-    _, r2 = torch.linalg.qr(w_k_h.detach().double().transpose(-2, -1))
-    return torch.linalg.svdvals(r1 @ r2.transpose(-2, -1))
+    r1 = torch.linalg.qr(w_q_h.detach().double().mT, mode="r").R
+    r2 = torch.linalg.qr(w_k_h.detach().double().mT, mode="r").R
+    if kv_of is not None:
+        r2 = r2[kv_of]
+    return torch.linalg.svdvals(r1 @ r2.mT)
 
 
 # ---------------------------------------------------------------------- attention
@@ -168,7 +177,9 @@ class StreamingCovariance:
     """Covariance of a stream of ``[N, d]`` chunks, accumulated in float64.
 
     Keeps ``n``, ``sum x`` and ``sum x x^T`` (shifted by the first chunk's mean for
-    numerical stability), so memory is ``O(d^2)`` whatever the number of tokens.
+    numerical stability), so memory is ``O(d^2)`` whatever the number of tokens. Only the
+    lower block triangle of ``s2`` is accumulated (the product is symmetric: about 40% less
+    work than the full ``x^T x`` for ``d`` in the hundreds); :meth:`cov` mirrors it.
     """
 
     def __init__(self, d: int, device: torch.device | str | None = None) -> None:
@@ -176,7 +187,9 @@ class StreamingCovariance:
         self.n = 0
         self.shift: Tensor | None = None
         self.s1 = torch.zeros(d, dtype=torch.float64, device=device)
-        self.s2 = torch.zeros(d, d, dtype=torch.float64, device=device)
+        self.s2 = torch.zeros(d, d, dtype=torch.float64, device=device)  # lower block triangle
+        nb = min(8, max(1, d // 96))  # row blocks: ~d/6 wide at d = 576, one below d = 192
+        self._cuts = [round(i * d / nb) for i in range(nb + 1)]
 
     def update(self, x: Tensor) -> None:
         x = x.detach().reshape(-1, self.d).to(self.s1.device, torch.float64)
@@ -187,14 +200,17 @@ class StreamingCovariance:
         xs = x - self.shift
         self.n += x.shape[0]
         self.s1 += xs.sum(0)
-        self.s2 += xs.T @ xs
+        c = self._cuts
+        for a, b in zip(c[:-1], c[1:]):  # rows a:b, columns 0:b of xs^T xs
+            self.s2[a:b, :b].addmm_(xs[:, a:b].T, xs[:, :b])
 
     def cov(self) -> Tensor:
         """Unbiased covariance ``[d, d]`` (divides by ``n - 1``)."""
         if self.n < 2:
             raise ValueError("need at least two rows for a covariance")
         mean = self.s1 / self.n
-        return (self.s2 - self.n * torch.outer(mean, mean)) / (self.n - 1)
+        s2 = self.s2.tril() + self.s2.tril(-1).T
+        return (s2 - self.n * torch.outer(mean, mean)) / (self.n - 1)
 
     def pr(self) -> float:
         c = self.cov()

@@ -57,16 +57,20 @@ def _weight_terms(qk: Sequence[tuple[Tensor, Tensor]], rows: _Rows) -> None:
         nh, nkv = wq.shape[0], wk.shape[0]
         rows.add(li, None, "pr_wq", M.weight_pr_t(wq.reshape(-1, wq.shape[-1])))
         rows.add(li, None, "pr_wk", M.weight_pr_t(wk.reshape(-1, wk.shape[-1])))
-        if nkv != nh:  # query head h meets key head h // (H / H_kv), as repeat_kv pairs them
-            wk = wk[torch.arange(nh, device=wk.device) // (nh // nkv)]  # (H, dh, d)
-        # all heads at once: (nh, dh, d) -> (nh, dh) singular values
-        s_all = M.interaction_singular_values(wq, wk)
+        # query head h meets key head h // (H / H_kv), as repeat_kv pairs them
+        kv_of = (torch.arange(nh, device=wk.device) // (nh // nkv)) if nkv != nh else None
+        # every head in one call per metric: (H, dh, d) -> (H,) values
+        s_all = M.interaction_singular_values(wq, wk, kv_of)  # (H, dh)
+        pr_q, pr_k = M.weight_pr_t(wq), M.weight_pr_t(wk)
+        if kv_of is not None:
+            pr_k = pr_k[kv_of]
+        qk_pr_h, qk_er_h = M.spectrum_pr_t(s_all), M.effective_rank_t(s_all)
         qk_pr, qk_er = [], []
         for h in range(nh):
-            rows.add(li, h, "pr_wq", M.weight_pr_t(wq[h]))
-            rows.add(li, h, "pr_wk", M.weight_pr_t(wk[h]))
-            qk_pr.append(rows.add(li, h, "qk_pr", M.spectrum_pr_t(s_all[h])))
-            qk_er.append(rows.add(li, h, "qk_erank", M.effective_rank_t(s_all[h])))
+            rows.add(li, h, "pr_wq", pr_q[h])
+            rows.add(li, h, "pr_wk", pr_k[h])
+            qk_pr.append(rows.add(li, h, "qk_pr", qk_pr_h[h]))
+            qk_er.append(rows.add(li, h, "qk_erank", qk_er_h[h]))
         rows.add_mean(li, "qk_pr", qk_pr)
         rows.add_mean(li, "qk_erank", qk_er)
 

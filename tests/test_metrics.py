@@ -142,3 +142,50 @@ def test_streaming_covariance_equals_in_memory():
         sc.update(torch.tensor(chunk))
     np.testing.assert_allclose(sc.cov().numpy(), np.cov(x, rowvar=False), rtol=1e-9, atol=1e-12)
     assert sc.pr() == pytest.approx(np_pr_eig(x), rel=1e-9)
+
+
+@pytest.mark.parametrize("d", [192, 250, 576])
+def test_streaming_covariance_lower_blocks_equal_numpy(d):
+    """Widths with several row blocks (the lower block triangle of ``x^T x`` only, cuts not
+    dividing ``d`` at 250), chunks of uneven size, against numpy's in-memory covariance."""
+    x = RNG.standard_normal((1200, d)) @ RNG.standard_normal((d, d)) * 0.1 + 2.0
+    sc = M.StreamingCovariance(d)
+    assert len(sc._cuts) > 2  # more than one row block
+    for chunk in np.array_split(x, [1, 400, 401, 1000]):
+        sc.update(torch.tensor(chunk))
+    ref = np.cov(x, rowvar=False)
+    got = sc.cov().numpy()
+    np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-12 * np.abs(ref).max())
+    np.testing.assert_array_equal(got, got.T)
+    assert sc.pr() == pytest.approx(np_pr_eig(x), rel=1e-9)
+
+
+def test_batched_spectrum_metrics_match_numpy_per_row():
+    """The ``*_t`` forms over a batch (last axes) equal numpy on each member."""
+    w = RNG.standard_normal((5, 8, 30))
+    got = M.weight_pr_t(torch.tensor(w)).numpy()
+    assert got.shape == (5,)
+    for i in range(5):
+        s = np.linalg.svd(w[i], compute_uv=False)
+        assert got[i] == pytest.approx((s**2).sum() ** 2 / (s**4).sum(), rel=1e-10)
+    s = np.abs(RNG.standard_normal((4, 12)))
+    s[1, 3:] = 0.0
+    er = M.effective_rank_t(torch.tensor(s)).numpy()
+    pr = M.spectrum_pr_t(torch.tensor(s)).numpy()
+    for i in range(4):
+        assert er[i] == pytest.approx(np.exp(scipy.stats.entropy(s[i] / s[i].sum())), rel=1e-12)
+        lam = s[i] ** 2
+        assert pr[i] == pytest.approx(lam.sum() ** 2 / (lam**2).sum(), rel=1e-12)
+
+
+def test_interaction_spectrum_grouped_keys_equals_dense_svd():
+    """``kv_of``: 6 query heads over 2 key heads (each key head factored once) give the
+    singular values of each head's dense ``W_q^T W_k`` product."""
+    d_model, d_head, nh, nkv = 40, 6, 6, 2
+    wq = RNG.standard_normal((nh, d_head, d_model))
+    wk = RNG.standard_normal((nkv, d_head, d_model))
+    kv_of = torch.arange(nh) // (nh // nkv)
+    got = M.interaction_singular_values(torch.tensor(wq), torch.tensor(wk), kv_of).numpy()
+    for h in range(nh):
+        dense = np.linalg.svd(wq[h].T @ wk[h // 3], compute_uv=False)[:d_head]
+        np.testing.assert_allclose(got[h], dense, rtol=1e-10)

@@ -119,3 +119,19 @@ def test_pr_from_trace_and_frobenius_matches_numpy_eigenvalues():
     assert _pr_of_cov(torch.from_numpy(c)) == pytest.approx(
         ev.sum() ** 2 / (ev ** 2).sum(), rel=1e-12)
     assert np.isnan(_pr_of_cov(torch.zeros(3, 3, dtype=torch.float64)))
+
+
+def test_accumulator_covariances_equal_numpy_with_and_without_padding():
+    """The float64 token rows (one widening copy; padded rows dropped only when a chunk has
+    padding) give numpy's covariance of the real tokens, heads concatenated."""
+    q, k, real, vis, _ = _case(4)
+    k = k[:, :2]  # grouped keys: 2 key heads
+    for r in (real, torch.ones_like(real)):
+        acc = P.GeometryAccumulator(erank_seqs=0)
+        acc.update(0, q, k, vis & r[:, None, None, :], 0.25, real=r)
+        st = acc.layers[0]
+        for x, cov in ((q, st.cov_q), (k, st.cov_k)):
+            rows = x.double().permute(0, 2, 1, 3).reshape(x.shape[0], x.shape[2], -1)
+            ref = np.cov(rows[r].numpy(), rowvar=False)
+            assert cov.n == int(r.sum())
+            np.testing.assert_allclose(cov.cov().numpy(), ref, rtol=1e-9, atol=1e-12)

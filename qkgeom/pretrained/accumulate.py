@@ -127,7 +127,10 @@ def logit_erank_gram(logits: Tensor, visible: Tensor) -> Tensor:
     of ``exp(H(s / sum s))`` (NaN for an all-zero matrix). Within ~2e-9 relative of the
     float64 SVD; the accumulator's ``erank_dtype=torch.float64`` route.
     """
-    a = _masked(logits, visible, torch.float64)
+    return _erank_gram_of_masked(_masked(logits, visible, torch.float64))
+
+
+def _erank_gram_of_masked(a: Tensor) -> Tensor:
     lam = _batched_parallel(torch.linalg.eigvalsh, a.transpose(-2, -1) @ a)  # ascending
     return _erank_of_singular_values(lam.clamp_min(0).sqrt())
 
@@ -142,26 +145,38 @@ def logit_erank_f32(logits: Tensor, visible: Tensor) -> Tensor:
     :func:`logit_erank_gram` (0.19 s against 0.24 s for 72 matrices of 256 x 256 on two
     threads). Returns ``[H]``.
     """
-    a = _masked(logits, visible, torch.float32)
+    return _erank_f32_of_masked(_masked(logits, visible, torch.float32))
+
+
+def _erank_f32_of_masked(a: Tensor) -> Tensor:
     return _erank_of_singular_values(_batched_parallel(torch.linalg.svdvals, a))
+
+
+def _token_rows(x: Tensor, keep: Tensor | None) -> Tensor:
+    """``(B, H, T, dh)`` -> float64 ``(N, H*dh)`` token rows (heads concatenated), rows where
+    ``keep`` is False dropped; one copy when nothing is dropped."""
+    b, nh, t, dh = x.shape
+    out = torch.empty(b, t, nh, dh, dtype=torch.float64, device=x.device)
+    out.copy_(x.transpose(1, 2))  # transpose and widen in one pass
+    out = out.view(b * t, nh * dh)
+    return out if keep is None else out[keep]
 
 
 def _add_vectors(st: _LayerState, q: Tensor, k: Tensor, real: Tensor,
                  q_pre: Tensor | None, k_pre: Tensor | None) -> None:
     """Feed one chunk's q / k token vectors (padding dropped) into the layer's covariances."""
-    b, nh, t, dh = q.shape
-    nkv, s = k.shape[1], k.shape[2]
+    b, t = q.shape[0], q.shape[2]
+    s = k.shape[2]
     keep = real.reshape(-1)
-    # (B, T, H*dh) token rows, padding dropped
-    st.cov_q.update(q.transpose(1, 2).reshape(b * t, nh * dh)[keep])
-    if s == t:
-        st.cov_k.update(k.transpose(1, 2).reshape(b * s, nkv * dh)[keep])
-    else:  # keys longer than queries (not produced by our chunking): keep them all
-        st.cov_k.update(k.transpose(1, 2).reshape(b * s, nkv * dh))
+    if keep.device.type == "cpu" and bool(keep.all()):
+        keep = None  # no padding in this chunk: no row selection (a copy) needed
+    st.cov_q.update(_token_rows(q, keep))
+    # keys longer than queries (not produced by our chunking): keep them all
+    st.cov_k.update(_token_rows(k, keep if s == t else None))
     if st.cov_q_pre is not None and q_pre is not None and k_pre is not None:
-        st.cov_q_pre.update(q_pre.reshape(b * t, -1)[keep])
-        st.cov_k_pre.update(k_pre.reshape(b * s, -1)[keep] if s == t
-                            else k_pre.reshape(b * s, -1))
+        qp, kp = q_pre.reshape(b * t, -1), k_pre.reshape(b * s, -1)
+        st.cov_q_pre.update(qp if keep is None else qp[keep])
+        st.cov_k_pre.update(kp[keep] if s == t and keep is not None else kp)
 
 
 def _blocks(b: int, nh: int, t: int, s: int) -> Iterator[tuple[slice, slice]]:
@@ -207,11 +222,13 @@ def _attention_sums(q: Tensor, k: Tensor, vis: Tensor, scaling: float, probs: Te
             ent[hsl] += raw * r
             ent_n[hsl] += norm * r
             del pattern, logits
-    erank = logit_erank_f32 if erank_dtype == torch.float32 else logit_erank_gram
+    # the logits are a fresh tensor here: masked in place (what _masked does in a copy)
+    erank = _erank_f32_of_masked if erank_dtype == torch.float32 else _erank_gram_of_masked
     for bsl, hsl in _blocks(n_er, nh, t, s):
         logits = (q[bsl, hsl].to(erank_dtype) @ k_exp[bsl, hsl].to(erank_dtype)
-                  .transpose(-2, -1)) * scaling
-        er[hsl] += erank(logits, vis_of(bsl, hsl)) * (bsl.stop - bsl.start)
+                  .transpose(-2, -1)).mul_(scaling)
+        logits.masked_fill_(~vis_of(bsl, hsl), 0)
+        er[hsl] += erank(logits) * (bsl.stop - bsl.start)
         del logits
     return ent, ent_n, er
 

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from qkgeom import metrics as M
 from qkgeom.hooks import hooked
-from qkgeom.pretrained.accumulate import GeometryAccumulator, lapack_threads
+from qkgeom.pretrained.accumulate import GeometryAccumulator
 from qkgeom.pretrained.base import (
     DEFAULT_CHUNK_TOKENS,
     DEFAULT_ERANK_SEQS,
@@ -270,8 +270,10 @@ def measure_hf(loaded: Loaded, text: str, *, max_tokens: int | None = DEFAULT_MA
 
 def site_weight_rows(sites: Sequence[AttnSite], n_head: int, n_kv: int) -> list[Row]:
     """Weight-spectrum rows (:func:`qkgeom.probe.head_weight_rows`) of the sites' ``W_q`` /
-    ``W_k``, split into ``n_head`` / ``n_kv`` heads, in float64 on the CPU."""
-    with lapack_threads():
-        qk = [(M.split_heads(s.wq.detach().double().cpu(), n_head),
-               M.split_heads(s.wk.detach().double().cpu(), n_kv)) for s in sites]
-        return head_weight_rows(qk)
+    ``W_k``, split into ``n_head`` / ``n_kv`` heads, in float64 on the CPU.
+
+    All intra-op threads: the layer-level ``W W^T`` products are BLAS-bound, and the
+    batched QR / SVD calls are of whole layers, not of single small matrices."""
+    qk = [(M.split_heads(s.wq.detach().double().cpu(), n_head),
+           M.split_heads(s.wk.detach().double().cpu(), n_kv)) for s in sites]
+    return head_weight_rows(qk)
