@@ -191,13 +191,17 @@ class StreamingCovariance:
         nb = min(8, max(1, d // 96))  # row blocks: ~d/6 wide at d = 576, one below d = 192
         self._cuts = [round(i * d / nb) for i in range(nb + 1)]
 
-    def update(self, x: Tensor) -> None:
-        x = x.detach().reshape(-1, self.d).to(self.s1.device, torch.float64)
+    def update(self, x: Tensor, *, consume: bool = False) -> None:
+        """Add the rows of ``x``. ``consume``: the caller gives ``x`` away (a float64 tensor
+        it will not read again), so the shift is subtracted in place, without a copy."""
+        x = x.detach().reshape(-1, self.d)
+        own = consume and x.dtype == torch.float64 and x.device == self.s1.device
+        x = x.to(self.s1.device, torch.float64)
         if x.shape[0] == 0:
             return
         if self.shift is None:
             self.shift = x.mean(0)
-        xs = x - self.shift
+        xs = x.sub_(self.shift) if own else x - self.shift
         self.n += x.shape[0]
         self.s1 += xs.sum(0)
         c = self._cuts

@@ -182,8 +182,9 @@ class Server:
 
     def trends(self, st: Study, version: Any, *, wait_s: float | None = None
                ) -> tuple[Any, bool]:
-        """(table rows, chart SVG) of the pretrained models' checkpoint trends, from one
-        :meth:`Study.checkpoint_trends` pass; the SVG is '' when no checkpoint has a step."""
+        """(table rows, chart SVG, note) of the pretrained models' checkpoint trends, from
+        one :meth:`Study.checkpoint_trends` pass; the SVG is '' when no checkpoint has a
+        step, or when drawing failed (the note says why)."""
         from qkgeom import plots
 
         def make() -> tuple[list[dict[str, Any]], str]:
@@ -199,8 +200,11 @@ class Server:
                     row["note"] = str(rep)
                 rows.append(row)
             df = st.checkpoint_frame(trends)
-            svg = plots.to_svg(plots.checkpoint_trends(df)) if df.height else ""
-            return rows, svg[svg.find("<svg"):]
+            try:  # a failed drawing (e.g. vl_convert) loses the chart, never the table
+                svg = plots.to_svg(plots.checkpoint_trends(df)) if df.height else ""
+            except Exception as e:  # shown as one line under the table
+                return rows, "", f"the checkpoint chart could not be drawn: {e}"
+            return rows, svg[svg.find("<svg"):], ""
 
         return self.jobs.get(("pretrained", "trends"), version[-1], make, wait_s=wait_s)
 
@@ -322,8 +326,10 @@ class Server:
         got, _ = self.trends(st, version, wait_s=wait_s)
         if not (isinstance(got, tuple) and got[0]):
             return ""
-        pre, chart = got
+        pre, chart, note = got
         fig = f"<figure id='checkpoint-chart'>{chart}</figure>" if chart else ""
+        if note:
+            fig += f"<p class='note' id='checkpoint-chart-note'>{_e(note)}</p>"
         return ("<h2>Pretrained models</h2><p class='note'>Trend of PR_Q - PR_K over each "
                 "model's checkpoints (Spearman vs step, peak).</p>" + fig
                 + html_table(pre, table_id="pretrained"))

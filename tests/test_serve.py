@@ -350,3 +350,21 @@ def test_real_server(db) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_failed_chart_drawing_keeps_the_pretrained_table(db, monkeypatch) -> None:
+    """When the SVG renderer fails (injected: vl_convert raising), the page still carries
+    the pretrained models' table, with a one-line note in place of the checkpoint chart."""
+    from qkgeom import plots
+
+    def broken(chart):
+        raise RuntimeError("vl_convert: renderer unavailable")
+
+    monkeypatch.setattr(plots, "to_svg", broken)
+    with TestClient(create_app(db[0], n_boot=200, wait_s=120, update_every_s=0)) as c:
+        t = c.get("/sweeps/smoke").text
+    pre = rows_of(t, "pretrained")
+    assert len(pre) == 1 and "synthetic/pythia-like" in pre[0]
+    assert "id='checkpoint-chart'>" not in t
+    note = re.search(r"<p class='note' id='checkpoint-chart-note'>(.*?)</p>", t).group(1)
+    assert "could not be drawn" in note and "renderer unavailable" in note

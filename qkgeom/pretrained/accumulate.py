@@ -69,13 +69,33 @@ def _entropy_sums(probs: Tensor, vis: Tensor) -> tuple[Tensor, Tensor]:
     masked keys hold exactly 0 (``exp`` of the mask's dtype minimum underflows), so no mask
     is applied to ``probs``; rows not counted (padding, < 2 keys) are dropped by ``vis``.
     """
-    h_row = -torch.special.xlogy(probs, probs).sum(-1).double()  # (B, H, T)
+    h_row = _row_entropy(probs, vis).double()  # (B, H, T)
     k = vis.sum(-1)  # (B, 1|H, T) visible keys per row
     use = k >= 2
     logk = torch.log(k.clamp_min(2).double())
     raw = torch.where(use, h_row, 0.0).sum(dim=(0, 2))
     norm = torch.where(use, h_row / logk, 0.0).sum(dim=(0, 2))
     return raw, norm
+
+
+def _row_entropy(probs: Tensor, vis: Tensor, n_blocks: int = 4) -> Tensor:
+    """``-sum p log p`` over each row of ``(B, H, T, S)`` probabilities, in their dtype.
+
+    Under a causal mask the keys after a block of query rows are invisible to all of them
+    (their probabilities are exactly 0, contributing nothing), so each of ``n_blocks`` row
+    blocks is summed only up to its last visible key: about 3/8 less work at 4 blocks. A
+    block with any visible key further right is summed over every key.
+    """
+    b, h, t, s = probs.shape
+    if t != s or t < 2 * n_blocks:
+        return -torch.special.xlogy(probs, probs).sum(-1)
+    out = torch.empty(b, h, t, dtype=probs.dtype, device=probs.device)
+    cuts = [round(i * t / n_blocks) for i in range(n_blocks + 1)]
+    for a, z in zip(cuts[:-1], cuts[1:]):
+        stop = z if z == s or not bool(vis[..., a:z, z:].any()) else s
+        p = probs[..., a:z, :stop]
+        out[..., a:z] = -torch.special.xlogy(p, p).sum(-1)
+    return out
 
 
 _POOL: list[Any] = []
@@ -170,9 +190,9 @@ def _add_vectors(st: _LayerState, q: Tensor, k: Tensor, real: Tensor,
     keep = real.reshape(-1)
     if keep.device.type == "cpu" and bool(keep.all()):
         keep = None  # no padding in this chunk: no row selection (a copy) needed
-    st.cov_q.update(_token_rows(q, keep))
+    st.cov_q.update(_token_rows(q, keep), consume=True)
     # keys longer than queries (not produced by our chunking): keep them all
-    st.cov_k.update(_token_rows(k, keep if s == t else None))
+    st.cov_k.update(_token_rows(k, keep if s == t else None), consume=True)
     if st.cov_q_pre is not None and q_pre is not None and k_pre is not None:
         qp, kp = q_pre.reshape(b * t, -1), k_pre.reshape(b * s, -1)
         st.cov_q_pre.update(qp if keep is None else qp[keep])
