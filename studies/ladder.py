@@ -1,13 +1,13 @@
 """Tables of the scale x learning-rate ladder (docs/findings.md) from the results databases.
 
-For every cell (a sweep run from ``studies/ladder-*.yaml``, or the ``cpu`` preset, which is
-the cell n_embd 64 / lr 1e-3) this runs ``qkgeom report`` and reads the verdict of every
+For every cell (a sweep run from ``studies/ladder-*.yaml``, or the ``cpu`` preset, whose
+configs are those of the cell n_embd 48 / lr 1e-3) this runs ``qkgeom report`` and reads the verdict of every
 claim, then adds what the report does not tabulate across cells: the wall time, the seed by
 seed picture of claim 2 (the gap at the last probe, per seed) and the last layer's
 end-of-training PR_Q and PR_K per depth. Everything goes through the public CLI
 (``qkgeom report``, ``qkgeom query``), so the numbers are the ones a user gets.
 
-    python studies/ladder.py --cell e64-lr1e-3=cpu.db:cpu --cell e64-lr3e-3=ladder.db \
+    python studies/ladder.py --cell e48-lr1e-3=cpu.db:cpu --cell e64-lr3e-3=ladder.db \
         --reports reports --json studies/ladder-verdicts.json > ladder.md
 
 A cell is ``LABEL=DB[:SWEEP]`` (DB a SQLite file); SWEEP defaults to ``ladder-LABEL``.
