@@ -187,7 +187,7 @@ class Server:
         step, or when drawing failed (the note says why)."""
         from qkgeom import plots
 
-        def make() -> tuple[list[dict[str, Any]], str]:
+        def make() -> tuple[list[dict[str, Any]], str, str]:
             trends = st.checkpoint_trends()
             rows = []
             for r in st.pretrained().iter_rows(named=True):

@@ -84,10 +84,11 @@ def _row_entropy(probs: Tensor, vis: Tensor, n_blocks: int = 4) -> Tensor:
     Under a causal mask the keys after a block of query rows are invisible to all of them
     (their probabilities are exactly 0, contributing nothing), so each of ``n_blocks`` row
     blocks is summed only up to its last visible key: about 3/8 less work at 4 blocks. A
-    block with any visible key further right is summed over every key.
+    block with any visible key further right is summed over every key. On a GPU (where
+    each block's check would wait for the device) every row is summed whole.
     """
     b, h, t, s = probs.shape
-    if t != s or t < 2 * n_blocks:
+    if t != s or t < 2 * n_blocks or probs.device.type != "cpu":
         return -torch.special.xlogy(probs, probs).sum(-1)
     out = torch.empty(b, h, t, dtype=probs.dtype, device=probs.device)
     cuts = [round(i * t / n_blocks) for i in range(n_blocks + 1)]
