@@ -21,7 +21,8 @@ from qkgeom import metrics as M
 from qkgeom.pretrained.base import DEFAULT_ERANK_SEQS
 from qkgeom.records import Row
 
-# Elements of one float64 (B', H', T, S) logit block (16 MiB): bounds the entropy step's memory.
+# Elements of one (B', H', T, S) logit block (16 MiB in float64, 8 MiB in float32): bounds the
+# memory of the recomputed-softmax entropy and of the logit_erank logits.
 _LOGIT_BLOCK = 1 << 21
 
 
