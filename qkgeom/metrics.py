@@ -34,9 +34,10 @@ def split_heads(w: Tensor, n_head: int) -> Tensor:
 
 
 # ---------------------------------------------------------------------- spectra
-# Each metric has a ``*_t`` form returning a 0-d float64 tensor on the input's device
-# (no host-device sync: a probe reads all of them at once) and a float form. An undefined
-# value (all-zero input) is 0/0 = NaN in both.
+# Each metric has a ``*_t`` form returning a float64 tensor on the input's device (0-d for
+# one spectrum or matrix; one value per batch member for leading axes), with no host-device
+# sync (a probe reads all of them at once), and a float form for a single input. An
+# undefined value (all-zero input) is 0/0 = NaN in both.
 def participation_ratio_t(lam: Tensor) -> Tensor:
     """Over the last axis: ``[..., n] -> [...]`` (a batch of spectra in one call)."""
     lam = lam.detach().double().clamp_min(0)
@@ -116,14 +117,15 @@ def interaction_singular_values(w_q_h: Tensor, w_k_h: Tensor,
     factors leave singular values unchanged: only a ``d_head x d_head`` SVD is needed.
     Only ``R`` is formed (``mode="r"``: no orthonormal factor is built). ``kv_of``: with
     grouped keys, ``w_k_h`` holds the ``H_kv`` key heads and query head ``h`` pairs with key
-    head ``kv_of[h]``, so each key head is factored once.
+    head ``kv_of[h]`` (an index into the head axis, the third from the end), so each key
+    head is factored once.
     Returns ``[..., d_head]`` singular values in descending order.
     """
     # (..., d_model, d_head) -> r1 (..., dh, dh)
     r1 = torch.linalg.qr(w_q_h.detach().double().mT, mode="r").R
     r2 = torch.linalg.qr(w_k_h.detach().double().mT, mode="r").R
     if kv_of is not None:
-        r2 = r2[kv_of]
+        r2 = r2.index_select(-3, kv_of)  # the head axis, whatever leads it
     return torch.linalg.svdvals(r1 @ r2.mT)
 
 
@@ -178,8 +180,10 @@ class StreamingCovariance:
 
     Keeps ``n``, ``sum x`` and ``sum x x^T`` (shifted by the first chunk's mean for
     numerical stability), so memory is ``O(d^2)`` whatever the number of tokens. Only the
-    lower block triangle of ``s2`` is accumulated (the product is symmetric: about 40% less
-    work than the full ``x^T x`` for ``d`` in the hundreds); :meth:`cov` mirrors it.
+    lower block triangle of ``s2`` is accumulated, in ``nb`` row blocks (the product is
+    symmetric): ``(nb - 1) / (2 nb)`` of the full ``x^T x`` work saved, 25% at d = 192,
+    42% at d = 576, 44% from d = 768. :meth:`cov` mirrors it. The block products may
+    differ from the full one at float64 round-off.
     """
 
     def __init__(self, d: int, device: torch.device | str | None = None) -> None:

@@ -144,10 +144,11 @@ def test_streaming_covariance_equals_in_memory():
     assert sc.pr() == pytest.approx(np_pr_eig(x), rel=1e-9)
 
 
-@pytest.mark.parametrize("d", [192, 250, 576])
+@pytest.mark.parametrize("d", [192, 290, 576])
 def test_streaming_covariance_lower_blocks_equal_numpy(d):
-    """Widths with several row blocks (the lower block triangle of ``x^T x`` only, cuts not
-    dividing ``d`` at 250), chunks of uneven size, against numpy's in-memory covariance."""
+    """Widths with several row blocks (the lower block triangle of ``x^T x`` only; uneven
+    blocks at 290: 97, 96, 97), chunks of uneven size, against numpy's in-memory
+    covariance."""
     x = RNG.standard_normal((1200, d)) @ RNG.standard_normal((d, d)) * 0.1 + 2.0
     sc = M.StreamingCovariance(d)
     assert len(sc._cuts) > 2  # more than one row block
@@ -189,3 +190,9 @@ def test_interaction_spectrum_grouped_keys_equals_dense_svd():
     for h in range(nh):
         dense = np.linalg.svd(wq[h].T @ wk[h // 3], compute_uv=False)[:d_head]
         np.testing.assert_allclose(got[h], dense, rtol=1e-10)
+    # a leading batch axis (two layers): kv_of still indexes the head axis
+    lead = M.interaction_singular_values(torch.tensor(np.stack([wq, wq[::-1]])),
+                                         torch.tensor(np.stack([wk, wk])), kv_of).numpy()
+    np.testing.assert_allclose(lead[0], got, rtol=1e-12)
+    np.testing.assert_allclose(lead[1, 0], np.linalg.svd(wq[5].T @ wk[0], compute_uv=False)
+                               [:d_head], rtol=1e-10)

@@ -137,15 +137,16 @@ def test_accumulator_covariances_equal_numpy_with_and_without_padding():
             np.testing.assert_allclose(cov.cov().numpy(), ref, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("t", [64, 61])
 @pytest.mark.parametrize("pattern", ["causal", "bidirectional", "prefix"])
-def test_row_entropy_by_blocks_equals_numpy(pattern):
+def test_row_entropy_by_blocks_equals_numpy(pattern, t):
     """Row entropies summed block by block (keys after a causal block skipped) equal numpy's
     float64 entropy of every row, for masks where the skip applies and where it must not
     (all keys visible; a prefix of 20 keys visible to every row)."""
     from qkgeom.pretrained.accumulate import _row_entropy
 
     g = torch.Generator().manual_seed(5)
-    b, h, t = 2, 3, 64
+    b, h = 2, 3  # t = 61: blocks of 15, 15, 16, 15 rows
     z = torch.randn(b, h, t, t, generator=g) * 3
     vis = torch.ones(t, t, dtype=torch.bool)
     if pattern != "bidirectional":
@@ -157,3 +158,5 @@ def test_row_entropy_by_blocks_equals_numpy(pattern):
     p = probs.double().numpy()
     ref = -np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0).sum(-1)
     np.testing.assert_allclose(got, ref, rtol=0, atol=2e-6)
+    whole = -torch.special.xlogy(probs, probs).sum(-1)  # the unblocked float32 sum
+    np.testing.assert_allclose(got, whole.double().numpy(), rtol=0, atol=1e-6)
