@@ -23,13 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shutil
 import sqlite3
 import subprocess
 import sys
 from collections import defaultdict
 from datetime import datetime
 from pathlib import Path
+from urllib.parse import quote
 
 CLAIMS = ["2-gap", "2-slopes", "2-slopes-collapse", "3", "4-shrink", "4-hold",
           "4-shrink_act", "reality-check", "reality-check-act"]
@@ -106,8 +106,14 @@ def per_seed_verdicts(label: str, db: str, sweep: str, out: Path,
     got = {}
     for seed in seeds:
         copy = out / f"{label}-seed{seed}.db"
-        shutil.copy(db, copy)
+        copy.unlink(missing_ok=True)
+        # through SQLite's backup API: a plain file copy would miss what is still in the WAL
+        src = sqlite3.connect(f"file:{quote(str(Path(db).resolve()))}?mode=ro", uri=True)
         con = sqlite3.connect(copy)
+        try:
+            src.backup(con)
+        finally:
+            src.close()
         try:
             with con:
                 (sid,) = con.execute("SELECT id FROM sweeps WHERE name = ?", (sweep,)).fetchone()

@@ -25,7 +25,6 @@ from qkgeom.errors import QkgeomError
 
 DEFAULT_URL = "sqlite:///qkgeom.db"  # a file in the current directory
 EXAMPLE_URLS = "sqlite:///runs/qkgeom.db, or postgresql+psycopg://user:password@host:5432/qkgeom"
-SQLITE_MAGIC = b"SQLite format 3\x00"
 BUSY_TIMEOUT_S = 30
 PG_CONNECT_TIMEOUT_S = 5
 
@@ -108,7 +107,15 @@ def sqlite_path(url: str) -> str | None:
 
 
 def check_sqlite_file(url: str, *, create: bool) -> None:
-    """Refuse a file that is not a SQLite database before SQLite ever touches it."""
+    """Refuse a file that is not a SQLite database before qkgeom writes to it.
+
+    The file is read through SQLite itself (a read-only connection), never with a plain
+    ``open()``: closing any descriptor of the file drops every POSIX lock this process
+    holds on it, including those of its open SQLite connections. Another process closing
+    its own connection then takes itself for the last one, checkpoints and deletes the
+    WAL, and what this process writes afterwards is lost to everyone else. SQLite's own
+    file layer keeps such descriptors open until the process's locks are released.
+    """
     path = sqlite_path(url)
     if path is None:
         return
@@ -118,15 +125,11 @@ def check_sqlite_file(url: str, *, create: bool) -> None:
     if p.exists():
         if p.stat().st_size == 0:
             return  # SQLite treats an empty file as an empty database
-        try:
-            with open(p, "rb") as f:
-                head = f.read(len(SQLITE_MAGIC))
-        except OSError as e:
-            raise DatabaseError(f"cannot read {path}: {e.strerror}") from None
-        if head != SQLITE_MAGIC:
+        why = _sqlite_refusal(p)
+        if why is not None:
             raise DatabaseError(
-                f"{path} is not a SQLite database (it does not start with 'SQLite format 3'); "
-                "give a qkgeom database file or a new path"
+                f"{path} is not a SQLite database (SQLite says: {why}); give a qkgeom "
+                "database file or a new path"
             )
         return
     if not create:
@@ -137,6 +140,26 @@ def check_sqlite_file(url: str, *, create: bool) -> None:
         p.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise DatabaseError(f"cannot create the directory for {path}: {e.strerror}") from None
+
+
+def _sqlite_refusal(p: Path) -> str | None:
+    """SQLite's reason not to read ``p`` as a database (``file is not a database``), or
+    None. Other errors (a lock, a permission) are left to the real connection to report."""
+    import sqlite3
+    from urllib.parse import quote
+
+    try:
+        con = sqlite3.connect(f"file:{quote(str(p.resolve()))}?mode=ro", uri=True,
+                              timeout=BUSY_TIMEOUT_S)
+        try:
+            con.execute("PRAGMA schema_version").fetchone()  # reads the header page
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as e:
+        if getattr(e, "sqlite_errorcode", None) == sqlite3.SQLITE_NOTADB or \
+                "not a database" in str(e):
+            return str(e)
+    return None
 
 
 def make_engine(url: str, *, create: bool = True, readonly: bool = False,
