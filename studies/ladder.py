@@ -29,7 +29,6 @@ import sys
 from collections import defaultdict
 from datetime import datetime
 from pathlib import Path
-from urllib.parse import quote
 
 CLAIMS = ["2-gap", "2-slopes", "2-slopes-collapse", "3", "4-shrink", "4-hold",
           "4-shrink_act", "reality-check", "reality-check-act"]
@@ -108,7 +107,7 @@ def per_seed_verdicts(label: str, db: str, sweep: str, out: Path,
         copy = out / f"{label}-seed{seed}.db"
         copy.unlink(missing_ok=True)
         # through SQLite's backup API: a plain file copy would miss what is still in the WAL
-        src = sqlite3.connect(f"file:{quote(str(Path(db).resolve()))}?mode=ro", uri=True)
+        src = sqlite3.connect(Path(db).absolute().as_uri() + "?mode=ro", uri=True)
         con = sqlite3.connect(copy)
         try:
             src.backup(con)

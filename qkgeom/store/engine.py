@@ -146,10 +146,9 @@ def _sqlite_refusal(p: Path) -> str | None:
     """SQLite's reason not to read ``p`` as a database (``file is not a database``), or
     None. Other errors (a lock, a permission) are left to the real connection to report."""
     import sqlite3
-    from urllib.parse import quote
 
     try:
-        con = sqlite3.connect(f"file:{quote(str(p.resolve()))}?mode=ro", uri=True,
+        con = sqlite3.connect(p.absolute().as_uri() + "?mode=ro", uri=True,
                               timeout=BUSY_TIMEOUT_S)
         try:
             con.execute("PRAGMA schema_version").fetchone()  # reads the header page
