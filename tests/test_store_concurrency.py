@@ -73,3 +73,16 @@ def test_a_second_open_keeps_the_first_connections_locks(tmp_path):
         # a commit after the other process's close is visible to a third process
         assert _other_process_reads(path, "SELECT COUNT(*) FROM trials") == 2
     assert _other_process_reads(path, "SELECT COUNT(*) FROM trials") == 2
+
+
+def test_creating_a_database_keeps_the_creators_locks(tmp_path):
+    """The path of the CI failure: ``open_store`` on a new file connects, finds it empty
+    and migrates it through a second engine, then goes on writing through the first."""
+    path = tmp_path / "new.db"
+    url = f"sqlite:///{path}"
+    with open_store(url) as creator:  # creates and migrates the file
+        sid = creator.ensure_sweep("s", {"name": "s"}, "v")
+        creator.ensure_trial(sid, "a", {}, depth=1, init="gaussian", arm="none", seed=0)
+        assert _other_process_reads(path, "SELECT COUNT(*) FROM trials") == 1
+        creator.ensure_trial(sid, "b", {}, depth=1, init="orthogonal", arm="none", seed=0)
+        assert _other_process_reads(path, "SELECT COUNT(*) FROM trials") == 2
