@@ -242,8 +242,10 @@ class ProgressReporter(Callback):
     def line(self, trials: list) -> tuple[str, str]:
         """Counts over the whole plan (``DRIVER["plan_steps"]``: key -> max_steps), so the
         total is the same from the first line on: trials Tune has not created yet are
-        pending, trials the database already holds as finished are done."""
-        counts = {"done": 0, "running": 0, "failed": 0, "pending": 0}
+        pending, trials the database already holds as finished are done. A trial Tune
+        calls TERMINATED short of its max_steps (a graceful stop, or a fit that an error
+        ended) is counted as stopped, never as done."""
+        counts = {"done": 0, "running": 0, "failed": 0, "pending": 0, "stopped": 0}
         steps = total = 0
         plan: dict[str, int] = dict(DRIVER.get("plan_steps") or {})
         finished = set(DRIVER.get("finished_before") or ()) | set(DRIVER.get("finished", ()))
@@ -254,12 +256,15 @@ class ProgressReporter(Callback):
             ms = int(t.config["trial"]["config"]["max_steps"])
             total += ms
             st = "TERMINATED" if key in finished else t.status
-            if st == "TERMINATED":
+            step = int((t.last_result or {}).get("step", 0) or 0)
+            if st == "TERMINATED" and (key in finished or step >= ms):
                 counts["done"] += 1
                 steps += ms
                 continue
-            steps += int((t.last_result or {}).get("step", 0) or 0)
-            if st == "ERROR":
+            steps += step
+            if st == "TERMINATED":  # ended short of max_steps: stopped (a signal, an error
+                counts["stopped"] += 1  # in the driver), not done; Tune calls it TERMINATED
+            elif st == "ERROR":
                 counts["failed"] += 1
             elif st == "RUNNING":
                 counts["running"] += 1
@@ -282,6 +287,8 @@ class ProgressReporter(Callback):
         eta = (total - steps) / rate if rate > 0 else math.inf
         state = (f"{counts['done']}/{n_trials} done, {counts['running']} running, "
                  f"{counts['failed']} failed, {counts['pending']} pending")
+        if counts["stopped"]:
+            state += f", {counts['stopped']} stopped"
         since = DRIVER.get("sweep_t0", self._t0)
         text = (f"[{_fmt_s(now - since):>6}] {state} | steps {steps}/{total} "
                 f"({100 * steps / max(total, 1):.0f}%) | ETA {_fmt_s(eta)}")

@@ -345,3 +345,27 @@ def test_callbacks_pickled_under_earlier_names_still_load():
                        "_seen": {"x"}, "_ckpts": {}})
     assert back.keep_last == 2 and vars(back)["_ids"] == {} and vars(back)["_lifecycle"] is None
     back.on_experiment_end([])  # no store was opened: nothing to close, no error
+
+
+def test_progress_counts_a_trial_terminated_short_of_its_steps_as_stopped(monkeypatch):
+    """Tune marks every trial TERMINATED when a fit ends early (a callback error, a graceful
+    stop): the line must not then claim the unfinished ones are done."""
+    from types import SimpleNamespace
+
+    from qkgeom import tune_callbacks as C
+
+    def trial(key, status, step):
+        return SimpleNamespace(config={"trial": {"key": key, "config": {"max_steps": 100}}},
+                               status=status, last_result={"step": step} if step else {})
+
+    monkeypatch.setattr(C, "DRIVER", {"plan_steps": {"a": 100, "b": 100, "c": 100, "d": 100},
+                                      "finished_before": frozenset({"d"})})
+    trials = [trial("a", "TERMINATED", 100), trial("b", "TERMINATED", 40),
+              trial("c", "TERMINATED", 0)]
+    state, text = C.ProgressReporter().line(trials)
+    # a reached its steps; d was finished before; b and c stopped at 40 and 0 steps
+    assert state == "2/4 done, 0 running, 0 failed, 0 pending, 2 stopped"
+    assert "steps 240/400 (60%)" in text
+    state, _ = C.ProgressReporter().line([trial("a", "TERMINATED", 100),
+                                          trial("b", "RUNNING", 40)])
+    assert state == "2/4 done, 1 running, 0 failed, 1 pending"  # no 'stopped' when none
