@@ -196,8 +196,8 @@ def default_sign(arm: str, predicted_sign: int | None) -> int:
             raise AnalysisError(f"--predicted-sign must be -1 or 1, got {predicted_sign}")
         return predicted_sign
     if arm not in PREDICTED_SIGN:
-        raise AnalysisError(f"no default prediction for arm {arm!r} (shrink predicts -1, "
-                            "hold +1); pass --predicted-sign -1 or 1")
+        raise AnalysisError(f"no default prediction for arm {arm!r} (shrink, shrink_act "
+                            "predict -1; hold +1); pass --predicted-sign -1 or 1")
     return PREDICTED_SIGN[arm]
 
 

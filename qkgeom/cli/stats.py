@@ -200,7 +200,7 @@ def _collapse_line(c: dict[str, Any]) -> str:
               help="bootstrap resamples (at least 10000)")
 @click.option("--seed", type=int, default=0, show_default=True, help="bootstrap rng seed")
 @click.option("--predicted-sign", type=click.Choice(["-1", "1"]), default=None,
-              help="predicted sign of arm - baseline (default: shrink -1, hold +1)")
+              help="predicted sign of arm - baseline (default: shrink, shrink_act -1; hold +1)")
 @click.option("--per-layer", is_flag=True, help="also break the effect down by layer")
 @table_or_json
 @_body
