@@ -393,6 +393,7 @@ def _print_follow(cluster_file: str, name: str, follow: dict[str, str], out: Any
         f"  a shell there:    {follow['attach']}\n"
         f"  after a failure:  {follow['resume']}\n"
         "results: with PostgreSQL, query it from anywhere (qkgeom query/stats --db URL); with "
-        "SQLite on the head, fetch the file:\n"
+        "SQLite on the head, fetch the file once the sweep has ended (while it runs, the "
+        "newest results are still in its -wal file, which a copy of the file alone lacks):\n"
         f"  ray rsync-down {cluster_file} ~/qkgeom-sweeps/qkgeom.db ./qkgeom.db\n"
         f"stop the cluster when done: ray down {cluster_file}")

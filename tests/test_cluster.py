@@ -308,3 +308,16 @@ def test_cluster_ships_qkgeom_to_a_node_without_it(scratch, wikitext_dir):  # no
         assert _node("import qkgeom; print(qkgeom.__version__)").endswith(".post7")
     finally:
         _kill_new_heads(before)
+
+
+def test_sqlite_fetch_hint_waits_for_the_end_of_the_sweep():
+    """The hint to fetch a SQLite database from the head must not invite a copy of a live
+    WAL database: the .db file alone misses what is still in its -wal file."""
+    from qkgeom.cluster import _print_follow, follow_commands
+
+    lines: list[str] = []
+    _print_follow("c.yaml", "s1", follow_commands("c.yaml", "s1", None), lines.append)
+    text = "\n".join(lines)
+    assert "ray rsync-down c.yaml ~/qkgeom-sweeps/qkgeom.db ./qkgeom.db" in text
+    before = text[:text.index("ray rsync-down")]
+    assert "once the sweep has ended" in before and "-wal" in before
