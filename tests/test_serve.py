@@ -182,10 +182,23 @@ def test_bad_requests(client, path: str, status: int, message: str) -> None:
     assert "Traceback" not in r.text and "File \"" not in r.text
 
 
+def copy_db(src: Path, dst: Path) -> None:
+    """Copy a SQLite database through SQLite's backup API: reading the file's bytes in this
+    process would drop the locks of the module's open connections to it (and miss its WAL)."""
+    import sqlite3
+
+    a, b = sqlite3.connect(src.absolute().as_uri() + "?mode=ro", uri=True), sqlite3.connect(dst)
+    try:
+        a.backup(b)
+    finally:
+        a.close()
+        b.close()
+
+
 def test_page_follows_the_writes(db, tmp_path: Path) -> None:
     # a copy, so the module's database stays as planted
     path = tmp_path / "copy.db"
-    path.write_bytes(db[1].read_bytes())
+    copy_db(db[1], path)
     url = "sqlite:///" + str(path)
     with TestClient(create_app(url, n_boot=2000, wait_s=120, update_every_s=0)) as c:
         before = c.get("/sweeps/live?refresh=0").text
@@ -214,7 +227,7 @@ def _write_step(url: str, step: int, *, finish: bool = False) -> None:
 
 def test_slow_work_never_holds_a_page(db, tmp_path: Path) -> None:
     path = tmp_path / "copy.db"
-    path.write_bytes(db[1].read_bytes())
+    copy_db(db[1], path)
     url = "sqlite:///" + str(path)
     with TestClient(create_app(url, n_boot=2000, wait_s=0, update_every_s=0)) as c:
         first = c.get("/sweeps/live?unfinished=1&refresh=0").text
@@ -249,7 +262,7 @@ def test_slow_work_never_holds_a_page(db, tmp_path: Path) -> None:
 
 def test_verdicts_recomputed_at_most_every_update_every(db, tmp_path: Path) -> None:
     path = tmp_path / "copy.db"
-    path.write_bytes(db[1].read_bytes())
+    copy_db(db[1], path)
     url = "sqlite:///" + str(path)
     with TestClient(create_app(url, n_boot=2000, wait_s=120, update_every_s=3600)) as c:
         first = c.get("/sweeps/live?unfinished=1&refresh=0").text

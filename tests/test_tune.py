@@ -194,8 +194,8 @@ def test_direct_writes_postgres_and_refused_for_sqlite(scratch, pg_url, wikitext
 def _db_state(db: str, sweep: str) -> tuple[int, int]:
     from qkgeom.store import open_store
 
-    try:
-        with open_store(db) as store:
+    try:  # read-only: the driver, not this poll, creates the database
+        with open_store(db, create=False, readonly=True) as store:
             df = store.sql(
                 "SELECT t.status, (SELECT count(*) FROM probes p WHERE p.trial_id = t.id) AS n "
                 "FROM trials t JOIN sweeps s ON s.id = t.sweep_id WHERE s.name = :n",
