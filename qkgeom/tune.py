@@ -161,7 +161,20 @@ def init_ray(opts: SweepOptions) -> None:
         tmp = opts.ray_temp_dir
         if tmp is None:  # ours: removed again by shutdown()
             tmp = DRIVER["ray_tmp"] = tempfile.mkdtemp(prefix="qkray-", dir="/tmp")
+        before = _child_pids()
         ray.init(num_cpus=opts.num_cpus or os.cpu_count() or 1, _temp_dir=tmp, **kwargs)
+        # the local instance's own processes (GCS, raylet, ...; workers are the raylet's
+        # children): shutdown() waits for these, never for other children of this process
+        DRIVER["ray_pids"] = sorted(_child_pids() - before)
+
+
+def _child_pids() -> set[int]:
+    try:
+        import psutil
+
+        return {c.pid for c in psutil.Process().children()}
+    except Exception:
+        return set()
 
 
 def _local_gpus() -> int:
@@ -552,16 +565,25 @@ def trial_statuses(db_url: str, sweep: str) -> dict[str, str]:
 def shutdown() -> None:
     """Disconnect from Ray (stopping a local instance) and remove our scratch dir.
 
-    A local instance's processes (GCS, raylet, workers: all descendants of this driver)
-    are waited for and, if still there after a few seconds, killed: none outlives us.
+    The processes of a local instance this process started (GCS, raylet and the workers
+    below them) are waited for and, if still there after a few seconds, killed: none
+    outlives us. Other children of this process (a notebook's, a test's) are left alone.
     """
     procs = []
+    pids = DRIVER.pop("ray_pids", None) or []
     if ray.is_initialized():
-        if "ray_tmp" in DRIVER:
+        if pids:
             try:
                 import psutil
 
-                procs = psutil.Process().children(recursive=True)
+                me = os.getpid()
+                for pid in pids:
+                    try:
+                        p = psutil.Process(pid)
+                        if p.ppid() == me:  # still ours, not a reused pid
+                            procs += [p, *p.children(recursive=True)]
+                    except psutil.Error:
+                        pass
             except Exception:
                 procs = []
         ray.shutdown()

@@ -369,3 +369,30 @@ def test_progress_counts_a_trial_terminated_short_of_its_steps_as_stopped(monkey
     state, _ = C.ProgressReporter().line([trial("a", "TERMINATED", 100),
                                           trial("b", "RUNNING", 40)])
     assert state == "2/4 done, 1 running, 0 failed, 1 pending"  # no 'stopped' when none
+
+
+def test_shutdown_stops_its_ray_and_leaves_other_children_alone():
+    """A local instance started by qkgeom (its own temp dir) is stopped with every process
+    under it; a child this process started for something else (a notebook's, a test's)
+    keeps running. The old shutdown killed all descendants of the caller."""
+    import sys
+
+    import psutil
+
+    from qkgeom.tune import DRIVER, SweepOptions, init_ray, shutdown
+
+    init_ray(SweepOptions(db_url="sqlite://", num_cpus=1, quiet=True))
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        ray_procs = [c for c in psutil.Process().children(recursive=True)
+                     if c.pid != other.pid and "ray" in " ".join(c.cmdline())]
+        names = " ".join(" ".join(c.cmdline()) for c in ray_procs)
+        assert "raylet" in names and "gcs_server" in names, names
+        shutdown()
+        assert other.poll() is None  # still running
+        assert not [c for c in ray_procs if c.is_running() and c.status() != "zombie"]
+        assert "ray_pids" not in DRIVER and "ray_tmp" not in DRIVER
+    finally:
+        other.kill()
+        other.wait()
+        shutdown()
