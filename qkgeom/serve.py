@@ -26,6 +26,7 @@ request must carry it: ``?token=T`` (then a cookie keeps it for the session), th
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import io
@@ -95,6 +96,31 @@ def check_bind(host: str, token: str | None) -> None:
         raise ServeError(f"refusing to serve on {host} without a token: anyone who can reach "
                          "it could read the database; pass --token SECRET (then required on "
                          "every request) or bind to 127.0.0.1")
+
+
+def listen(host: str, port: int) -> Any:
+    """A listening TCP socket on ``host:port`` (``port`` 0: any free port, read it back
+    with ``getsockname()``); a port in use or an address not on this machine is a
+    :class:`ServeError` that says what to do."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise ServeError(f"cannot listen on {host}: {e.strerror}; give --host an address "
+                         "of this machine (127.0.0.1 for this machine only)") from None
+    family, kind, proto, _, addr = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(128)
+    except OSError as e:
+        sock.close()
+        what = "is in use" if e.errno == errno.EADDRINUSE else f"cannot be used ({e.strerror})"
+        raise ServeError(f"port {port} on {host} {what}; pick another with --port N, or "
+                         "--port 0 for any free port") from None
+    return sock
 
 
 # --------------------------------------------------------------------------- html

@@ -324,31 +324,55 @@ def test_cli_missing_database(tmp_path: Path) -> None:
     assert r.output.startswith("Error: ")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def serve_process(url: str, *extra: str) -> tuple[subprocess.Popen, str]:
-    """``qkgeom serve`` in a child process on a free port; (process, base URL) once up."""
-    port = _free_port()
+    """``qkgeom serve --port 0`` in a child process; (process, base URL) once it answers.
+    The OS picks the port and the server prints it: no window in which another process
+    could take a port chosen here."""
+    import re
+    import select
+
     proc = subprocess.Popen(
         [sys.executable, "-c", "from qkgeom.cli import main; main()", "serve", "--db", url,
-         "--port", str(port), *extra], cwd=ROOT, stdout=subprocess.PIPE,
+         "--port", "0", *extra], cwd=ROOT, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True)
-    base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 60
+    said = ""
     while time.time() < deadline:
+        if select.select([proc.stdout], [], [], 0.5)[0]:
+            line = proc.stdout.readline()
+            said += line
+            m = re.search(r"qkgeom serve: http://127\.0\.0\.1:(\d+)/", line)
+            if m:
+                port = int(m.group(1))
+                break
         if proc.poll() is not None:
-            raise AssertionError(f"qkgeom serve exited: {proc.stdout.read()}")
+            raise AssertionError(f"qkgeom serve exited: {said}{proc.stdout.read()}")
+    else:
+        proc.kill()
+        raise AssertionError(f"qkgeom serve printed no address within 60 s: {said}")
+    assert port != 0
+    while time.time() < deadline:  # the socket listens before the address is printed
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return proc, base
+                return proc, f"http://127.0.0.1:{port}"
         except OSError:
             time.sleep(0.2)
     proc.kill()
-    raise AssertionError("qkgeom serve did not start within 60 s")
+    raise AssertionError("qkgeom serve did not answer within 60 s")
+
+
+def test_port_in_use_is_refused_with_what_to_do(db) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = subprocess.run([sys.executable, "-c", "from qkgeom.cli import main; main()",
+                            "serve", "--db", db[0], "--port", str(port)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert lines == [f"Error: port {port} on 127.0.0.1 is in use; pick another with --port "
+                     "N, or --port 0 for any free port"], r.stderr
 
 
 def test_real_server(db) -> None:

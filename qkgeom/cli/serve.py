@@ -12,8 +12,8 @@ from qkgeom.cli.common import db_option, user_errors
 @db_option
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="address to listen on; anything but loopback needs --token")
-@click.option("--port", type=click.IntRange(1, 65535), default=8765, show_default=True,
-              help="TCP port")
+@click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True,
+              help="TCP port (0: any free port; the address printed gives it)")
 @click.option("--token", default=None, envvar="QKGEOM_SERVE_TOKEN", metavar="SECRET",
               help="required on every request (?token=SECRET or Authorization: Bearer "
                    "SECRET); also read from $QKGEOM_SERVE_TOKEN")
@@ -29,7 +29,7 @@ def serve_cmd(db: str | None, host: str, port: int, token: str | None, refresh: 
     verdicts (provisional while trials run), downloads. Ctrl-C stops it."""
     with user_errors():
         try:
-            from qkgeom.serve import check_bind, create_app
+            from qkgeom.serve import check_bind, create_app, listen
         except ImportError as e:
             from qkgeom.errors import QkgeomError
 
@@ -37,9 +37,11 @@ def serve_cmd(db: str | None, host: str, port: int, token: str | None, refresh: 
                               "them with: pip install 'qkgeom[serve]'") from None
         check_bind(host, token)
         app = create_app(db, token=token, refresh=refresh, update_every_s=update_every)
+        sock = listen(host, port)  # before the address is printed: a port in use says so
     import uvicorn
 
+    port = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
     click.echo(f"qkgeom serve: http://{shown}:{port}/" + ("?token=..." if token else "")
                + " (read-only; Ctrl-C stops)", err=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
