@@ -169,12 +169,9 @@ def init_ray(opts: SweepOptions) -> None:
 
 
 def _child_pids() -> set[int]:
-    try:
-        import psutil
+    import psutil
 
-        return {c.pid for c in psutil.Process().children()}
-    except Exception:
-        return set()
+    return {c.pid for c in psutil.Process().children()}
 
 
 def _local_gpus() -> int:
@@ -569,34 +566,25 @@ def shutdown() -> None:
     below them) are waited for and, if still there after a few seconds, killed: none
     outlives us. Other children of this process (a notebook's, a test's) are left alone.
     """
-    procs = []
-    pids = DRIVER.pop("ray_pids", None) or []
+    import psutil
+
+    pids, procs = DRIVER.pop("ray_pids", None) or [], []
+    for pid in pids if ray.is_initialized() else []:
+        try:
+            p = psutil.Process(pid)
+            if p.ppid() == os.getpid():  # still ours, not a reused pid
+                procs += [p, *p.children(recursive=True)]
+        except psutil.Error:
+            pass
     if ray.is_initialized():
-        if pids:
-            try:
-                import psutil
-
-                me = os.getpid()
-                for pid in pids:
-                    try:
-                        p = psutil.Process(pid)
-                        if p.ppid() == me:  # still ours, not a reused pid
-                            procs += [p, *p.children(recursive=True)]
-                    except psutil.Error:
-                        pass
-            except Exception:
-                procs = []
         ray.shutdown()
-    if procs:
-        import psutil
-
-        _, alive = psutil.wait_procs(procs, timeout=15)
-        for p in alive:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(alive, timeout=5)
+    _, alive = psutil.wait_procs(procs, timeout=15)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=5)
     tmp = DRIVER.pop("ray_tmp", None)
     if tmp:
         shutil.rmtree(tmp, ignore_errors=True)
