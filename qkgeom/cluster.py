@@ -292,7 +292,7 @@ def launch_on_cluster(cluster_file: str, *, plan: SweepPlan | None, name: str,
     _start_cluster(cluster_file, derived_file, out)
     _start_driver(derived_file, cmd, spec_file, spec_remote)
     follow = follow_commands(cluster_file, name, db)
-    _print_follow(cluster_file, name, follow, out)
+    _print_follow(cluster_file, name, follow, out, head_db_file(db))
     return {"command": cmd, "follow": follow, "cluster_file": derived_file,
             "shipped": shipped}
 
@@ -386,14 +386,34 @@ def follow_commands(cluster_file: str, name: str, db: str | None) -> dict[str, s
     }
 
 
-def _print_follow(cluster_file: str, name: str, follow: dict[str, str], out: Any) -> None:
+def head_db_file(db: str | None) -> str | None:
+    """The SQLite file the driver on the head writes (it runs in ~/qkgeom-sweeps), or
+    None for PostgreSQL. No ``--db``: the default file there (the head's environment
+    sets no $QKGEOM_DB)."""
+    from qkgeom.store.engine import resolve_url, sqlite_path
+
+    if not db:
+        return "~/qkgeom-sweeps/qkgeom.db"
+    url = resolve_url(db)
+    path = sqlite_path(url) if url.startswith("sqlite") else None
+    if path is None:
+        return None
+    return path if path.startswith(("/", "~")) else f"~/qkgeom-sweeps/{path}"
+
+
+def _print_follow(cluster_file: str, name: str, follow: dict[str, str], out: Any,
+                  db_file: str | None = "~/qkgeom-sweeps/qkgeom.db") -> None:
+    if db_file is None:
+        results = ("results: query the PostgreSQL database from anywhere (qkgeom "
+                   "query/stats --db URL)\n")
+    else:
+        results = ("results: fetch the SQLite file from the head once the sweep has ended "
+                   "(while it runs, the newest results are still in its -wal file, which a "
+                   f"copy of the file alone lacks):\n  ray rsync-down {cluster_file} {db_file} "
+                   f"./{Path(db_file).name}\n")
     out(f"sweep {name} is running on the head node, detached (it outlives this shell).\n"
         f"  follow its log:   {follow['log']}\n"
         f"  trial progress:   {follow['status']}\n"
         f"  a shell there:    {follow['attach']}\n"
         f"  after a failure:  {follow['resume']}\n"
-        "results: with PostgreSQL, query it from anywhere (qkgeom query/stats --db URL); with "
-        "SQLite on the head, fetch the file once the sweep has ended (while it runs, the "
-        "newest results are still in its -wal file, which a copy of the file alone lacks):\n"
-        f"  ray rsync-down {cluster_file} ~/qkgeom-sweeps/qkgeom.db ./qkgeom.db\n"
-        f"stop the cluster when done: ray down {cluster_file}")
+        f"{results}stop the cluster when done: ray down {cluster_file}")

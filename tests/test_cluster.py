@@ -321,3 +321,24 @@ def test_sqlite_fetch_hint_waits_for_the_end_of_the_sweep():
     assert "ray rsync-down c.yaml ~/qkgeom-sweeps/qkgeom.db ./qkgeom.db" in text
     before = text[:text.index("ray rsync-down")]
     assert "once the sweep has ended" in before and "-wal" in before
+
+
+@pytest.mark.parametrize("db, where", [
+    (None, "~/qkgeom-sweeps/qkgeom.db"),  # the default file in the driver's directory
+    ("runs/s1.db", "~/qkgeom-sweeps/runs/s1.db"),  # relative to that directory
+    ("sqlite:///runs/s1.db", "~/qkgeom-sweeps/runs/s1.db"),
+    ("sqlite:////data/s1.db", "/data/s1.db"),  # absolute
+    ("postgresql://u:pw@db.example/q", None),  # nothing to fetch
+])
+def test_fetch_hint_names_the_database_the_head_writes(db, where):
+    from qkgeom.cluster import _print_follow, follow_commands, head_db_file
+
+    assert head_db_file(db) == where
+    lines: list[str] = []
+    _print_follow("c.yaml", "s1", follow_commands("c.yaml", "s1", db), lines.append, where)
+    text = "\n".join(lines)
+    if where is None:
+        assert "rsync-down" not in text and "query the PostgreSQL database" in text
+    else:
+        local = where.rsplit("/", 1)[-1]
+        assert f"ray rsync-down c.yaml {where} ./{local}\n" in text
