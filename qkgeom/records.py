@@ -41,6 +41,18 @@ METRICS: dict[str, dict[str, Any]] = {
                          "activation site (arms only)"),
 }
 
+# names that only pretrained measurements store (``probe-pretrained --prerot``); declared in
+# ``metric_definitions`` beside METRICS, never part of a trained trial's probe
+PRETRAINED_ONLY_METRICS: dict[str, dict[str, Any]] = {
+    "pr_q_prerot": dict(per_head=True, unit="dims", doc="rotary models with --prerot: PR of "
+                        "the query projections before the rotary embedding; layer: heads "
+                        "concatenated"),
+    "pr_k_prerot": dict(per_head=True, unit="dims", doc="rotary models with --prerot: PR of "
+                        "the key projections before the rotary embedding; layer: key heads "
+                        "concatenated"),
+}
+METRIC_DEFINITIONS: dict[str, dict[str, Any]] = {**METRICS, **PRETRAINED_ONLY_METRICS}
+
 
 @dataclass
 class StepRecord:

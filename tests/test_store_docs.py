@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest_store import make_record
 
-from qkgeom.records import METRICS
+from qkgeom.records import METRIC_DEFINITIONS, METRICS
 from qkgeom.store import VIEWS, open_store
 from qkgeom.store.models import Base
 
@@ -124,7 +124,7 @@ EXPECTED = {
         ("study", "none", 2, 2.5 + 0.01 * (off("none", 0) + off("none", 1)) / 2),
         ("study", "shrink", 1, 2.5 + 0.01 * off("shrink", 0))],
     "FROM metric_definitions": lambda: [(m, i["unit"], i["per_head"], i["doc"])
-                                        for m, i in sorted(METRICS.items())],
+                                        for m, i in sorted(METRIC_DEFINITIONS.items())],
 }
 
 

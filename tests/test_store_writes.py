@@ -215,6 +215,20 @@ def test_pretrained_is_idempotent(store):
     assert _count(store, "SELECT COUNT(*) FROM pretrained_metrics") == 5
 
 
+def test_a_pretrained_only_database_declares_its_metric_names(store):
+    """No sweep was ever written: the names a pretrained run stores, --prerot's included,
+    are still declared with their unit in metric_definitions."""
+    rows = [(0, None, "pr_q", 10.0), (0, None, "pr_k_prerot", 7.0), (0, 1, "pr_q_prerot", 2.0)]
+    store.write_pretrained("smollm2", "main", None, {}, rows)
+    df = store.sql("SELECT name, unit, per_head FROM metric_definitions ORDER BY name")
+    got = {n: (u, bool(h)) for n, u, h in df.rows()}
+    for name in ("pr_q", "pr_k", "entropy", "logit_erank", "pr_q_prerot", "pr_k_prerot"):
+        assert name in got, name
+    assert got["pr_q_prerot"] == ("dims", True) and got["entropy"] == ("nats", True)
+    stored = store.sql("SELECT DISTINCT metric FROM pretrained_metrics")["metric"].to_list()
+    assert set(stored) <= set(got)
+
+
 def test_views(store):
     sid = store.ensure_sweep("grid", {}, "v1")
     other = store.ensure_sweep("other", {}, "v1")

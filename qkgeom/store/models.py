@@ -184,7 +184,7 @@ class Checkpoint(Base):
 
 
 class MetricDefinition(Base):
-    """Unit and meaning of each metric name (from ``qkgeom.records.METRICS``)."""
+    """Unit and meaning of each metric name (``qkgeom.records.METRIC_DEFINITIONS``)."""
 
     __tablename__ = "metric_definitions"
 

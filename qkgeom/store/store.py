@@ -15,13 +15,11 @@ from __future__ import annotations
 from typing import Any
 
 from qkgeom.errors import QkgeomError
-from qkgeom.records import METRICS
 from qkgeom.store.base import ReadOnlyError, check_status, now_utc, stored_float
 from qkgeom.store.engine import connect_error, make_engine, resolve_url, safe_url, sqlite_path
 from qkgeom.store.models import (
     TERMINAL,
     Checkpoint,
-    MetricDefinition,
     Probe,
     ProbeMetric,
     Sweep,
@@ -95,16 +93,6 @@ class Store(ResultWrites, Reads):
             sweep_id = conn.execute(stmt).scalar_one()
             self._sync_metric_definitions(conn)
         return int(sweep_id)
-
-    def _sync_metric_definitions(self, conn: Any) -> None:
-        rows = [
-            dict(name=k, unit=str(v.get("unit", "")), per_head=bool(v.get("per_head")),
-                 doc=str(v.get("doc", "")))
-            for k, v in METRICS.items()
-        ]
-        if rows:
-            conn.execute(self._upsert(MetricDefinition, ["name"], ["unit", "per_head", "doc"]),
-                         rows)
 
     def ensure_trial(self, sweep_id: int, trial_key: str, config: dict, *, depth: int,
                      init: str, arm: str, seed: int, status: str = "pending",

@@ -7,10 +7,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from qkgeom.records import ProbeRecord, StepRecord
+from qkgeom.records import METRIC_DEFINITIONS, ProbeRecord, StepRecord
 from qkgeom.store.base import StoreBase, check_kind, now_utc, stored_float
 from qkgeom.store.models import (
     Checkpoint,
+    MetricDefinition,
     PretrainedMetric,
     PretrainedRun,
     Probe,
@@ -148,6 +149,13 @@ class ResultWrites(StoreBase):
         with self._write() as conn:
             return int(conn.execute(stmt).rowcount or 0)
 
+    def _sync_metric_definitions(self, conn: Any) -> None:
+        """Declare every metric name (unit, meaning) in ``metric_definitions``."""
+        rows = [dict(name=k, unit=str(v.get("unit", "")), per_head=bool(v.get("per_head")),
+                     doc=str(v.get("doc", ""))) for k, v in METRIC_DEFINITIONS.items()]
+        conn.execute(self._upsert(MetricDefinition, ["name"], ["unit", "per_head", "doc"]),
+                     rows)
+
     def write_pretrained(self, model: str, revision: str, step: int | None, meta: dict,
                          rows: Sequence[tuple[int, int | None, str, float]]) -> int:
         """Store one pretrained model's measurement; returns its ``pretrained_runs`` id.
@@ -164,6 +172,7 @@ class ResultWrites(StoreBase):
         ).returning(r.c.id)
         with self._write() as conn:
             run_id = int(conn.execute(stmt).scalar_one())
+            self._sync_metric_definitions(conn)  # a database of pretrained runs only, too
             pm = PretrainedMetric.__table__
             conn.execute(pm.delete().where(pm.c.run_id == run_id))
             out: dict[tuple, dict] = {}
