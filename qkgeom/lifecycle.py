@@ -4,12 +4,13 @@
 failed attempt is retried. Each start of an attempt counts in ``attempts``. Both the
 sweep's driver-side Tune callback (:class:`qkgeom.tune_callbacks.DbWriter`) and
 ``qkgeom train --db`` (:mod:`qkgeom.cli.train`) move trials through here, so the two
-record a trial the same way. No Ray, no torch: a thin layer over
-:meth:`qkgeom.store.Store.set_trial_status`.
+record a trial the same way; :func:`mark_interrupted` records a sweep that stopped
+short. No Ray, no torch: a thin layer over :meth:`qkgeom.store.Store.set_trial_status`.
 """
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -50,3 +51,24 @@ class TrialLifecycle:
                  device: str | None = None) -> None:
         """Training ran to its last step: ``terminated``."""
         self.store.set_trial_status(trial_id, "terminated", host=host, device=device)
+
+
+def mark_interrupted(db_url: str, sweep: str, why: str) -> int:
+    """Trials of ``sweep`` still ``running`` -> ``interrupted``, the step they reached
+    (their last probe) in the error column. Returns how many."""
+    from qkgeom.store import open_store
+
+    with open_store(db_url) as store:
+        sid = store.require_sweep(sweep)
+        trials = store.trials(sweep).filter(status="running")
+        if trials.height == 0:
+            return 0
+        last = {tid: step for tid, (step, _) in store.last_probes(sid).items()}
+        lifecycle = TrialLifecycle(store)
+        for tid, cfg in zip(trials["id"], trials["config"]):
+            ms = json.loads(cfg).get("max_steps")
+            step = last.get(tid)
+            at = "before its first probe" if step is None else \
+                f"at step {step} of {ms} (its last probe)"
+            lifecycle.interrupted(int(tid), f"interrupted by {why} {at}")
+        return trials.height

@@ -50,6 +50,7 @@ import ray
 from ray import tune
 
 from qkgeom.errors import QkgeomError
+from qkgeom.lifecycle import mark_interrupted
 from qkgeom.sweep import (
     SweepError,
     SweepPlan,
@@ -385,32 +386,22 @@ def _run_phase(plan: SweepPlan, trials: list[TrialSpec], exp_name: str, opts: Sw
             ),
         )
     DRIVER["in_fit"], DRIVER["forwarded"] = True, False
+    DRIVER.pop("callback_error", None)
     try:
         return tuner.fit()
+    except tune.TuneError:  # a qkgeom error in a driver callback: one line, not Tune's text
+        why = DRIVER.pop("callback_error", None)
+        if why is None:
+            raise
+        try:
+            mark_interrupted(DRIVER["db_url"], plan.name, "the driver's error")
+        except QkgeomError:
+            pass  # the database itself may be what failed; a resume marks them
+        raise SweepError(f"sweep {plan.name} stopped: {why}; the trials that were running "
+                         "are marked interrupted; once the cause is fixed, continue with: "
+                         f"qkgeom sweep --resume --name {plan.name}") from None
     finally:
         DRIVER["in_fit"] = False
-
-
-def mark_interrupted(db_url: str, sweep: str, why: str) -> int:
-    """Trials of ``sweep`` still ``running`` -> ``interrupted``, the step they reached
-    (their last probe) in the error column. Returns how many."""
-    from qkgeom.lifecycle import TrialLifecycle
-    from qkgeom.store import open_store
-
-    with open_store(db_url) as store:
-        sid = store.require_sweep(sweep)
-        trials = store.trials(sweep).filter(status="running")
-        if trials.height == 0:
-            return 0
-        last = {tid: step for tid, (step, _) in store.last_probes(sid).items()}
-        lifecycle = TrialLifecycle(store)
-        for tid, cfg in zip(trials["id"], trials["config"]):
-            ms = json.loads(cfg).get("max_steps")
-            step = last.get(tid)
-            at = "before its first probe" if step is None else \
-                f"at step {step} of {ms} (its last probe)"
-            lifecycle.interrupted(int(tid), f"interrupted by {why} {at}")
-        return trials.height
 
 
 def interrupted_by() -> str | None:
@@ -462,7 +453,7 @@ def run_sweep(plan: SweepPlan, opts: SweepOptions) -> dict[str, Any]:
     DRIVER["db_url"] = db_url
     DRIVER["storage"] = storage
     DRIVER["say"] = say
-    for k in ("interrupted", "forwarded"):
+    for k in ("interrupted", "forwarded", "callback_error"):
         DRIVER.pop(k, None)
     DRIVER["plan_steps"] = {t.key: int(t.config["max_steps"]) for t in plan.trials}
     DRIVER["sweep_t0"] = time.monotonic()  # the progress line's clock, across both phases

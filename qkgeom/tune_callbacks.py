@@ -16,6 +16,7 @@ database URL (it may carry a password): what the driver shares with them lives i
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from ray.tune import Callback
 
+from qkgeom.errors import QkgeomError
 from qkgeom.sweep import SweepError
 from qkgeom.tune_trial import storage_location, trial_name
 
@@ -49,6 +51,20 @@ def _error_text(trial: Any) -> str:
         return "trial failed (no error text from Ray)"
     # the exception line last, after a short traceback tail
     return "\n".join(lines[-12:])[-4000:]
+
+
+def _recording(fn: Any) -> Any:
+    """A qkgeom error in a callback (a database that fails, a trial row that is missing)
+    ends Tune's whole fit with a TuneError around a traceback's text: keep the error's own
+    message in :data:`DRIVER` for :func:`qkgeom.tune.run_sweep` to report in one line."""
+    @functools.wraps(fn)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(self, *args, **kwargs)
+        except QkgeomError as e:
+            DRIVER.setdefault("callback_error", str(e))
+            raise
+    return wrapper
 
 
 class DbWriter(Callback):
@@ -116,12 +132,14 @@ class DbWriter(Callback):
     def _finished(trial: Any) -> bool:
         return trial.config["trial"]["key"] in DRIVER.get("finished", ())
 
+    @_recording
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         if self._finished(trial):  # done before a driver crash; the trainable skips it
             return
         self._seen.discard(trial.trial_id)
         self.lifecycle.started(self._tid(trial))
 
+    @_recording
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,
                         **info: Any) -> None:
         from qkgeom.records import ProbeRecord
@@ -139,6 +157,7 @@ class DbWriter(Callback):
         if "test_loss" in result:
             self.lifecycle.result(tid, test_loss=result["test_loss"])
 
+    @_recording
     def on_checkpoint(self, iteration: int, trials: list, trial: Any, checkpoint: Any,
                       **info: Any) -> None:
         step = (trial.last_result or {}).get("step")
@@ -179,13 +198,16 @@ class DbWriter(Callback):
                 self.store.delete_checkpoint(tid, int(st), kind="resume", location=where)
             lst.remove(item)
 
+    @_recording
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self._seen.discard(trial.trial_id)
         self.lifecycle.retrying(self._tid(trial), _error_text(trial))
 
+    @_recording
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self.lifecycle.failed(self._tid(trial), _error_text(trial))
 
+    @_recording
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         # trial.status still reads RUNNING here: write the terminal state ourselves
         if self._finished(trial):

@@ -533,3 +533,39 @@ def test_sigint_then_resume_with_another_storage_retrains_no_finished_trial(
     assert after["d1-gaussian-none-s0"] == before["d1-gaussian-none-s0"]  # attempts 1
     assert after["d1-orthogonal-none-s0"][:2] == ("terminated", 2)
     assert assert_matches_reference(db, "sig") == 2
+
+
+def test_a_database_error_in_the_driver_is_one_line_with_the_resume(scratch,  # noqa: F811
+                                                                    wikitext_dir):
+    """A qkgeom error inside a driver callback (here: the next trial's row was deleted under
+    the running sweep) ends the run with one line that names it and the resume command,
+    not Tune's traceback, and the running trial is recorded as interrupted."""
+    import sqlite3
+    import time
+
+    db_file = scratch / "cb.db"
+    db = f"sqlite:///{db_file}"
+    proc, log = _start_sweep(scratch, wikitext_dir, db)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            if [s for s, _, _ in _trials(db).values()].count("running") == 1:
+                break
+            time.sleep(0.2)
+        with sqlite3.connect(db_file, timeout=30) as con:  # the second trial's row
+            con.execute("DELETE FROM trials WHERE trial_key = 'd1-orthogonal-none-s0'")
+        rc = proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    out = (scratch / "driver.log").read_text()
+    assert rc == 1, out
+    assert "Traceback" not in out, out
+    last = out.strip().splitlines()[-1]
+    assert last == ("Error: sweep sig stopped: trial d1-orthogonal-none-s0 of sweep sig is "
+                    "not in the database; the trials that were running are marked "
+                    "interrupted; once the cause is fixed, continue with: qkgeom sweep "
+                    "--resume --name sig"), out
+    st = _trials(db)
+    assert list(st) == ["d1-gaussian-none-s0"] and st["d1-gaussian-none-s0"][0] == "terminated"
