@@ -1,0 +1,318 @@
+"""Calibration of the verdict rules (:mod:`qkgeom.stats.rules`): how often each says
+"holds" under null models close to the study's data, and how often under planted effects
+of stated sizes. ``benchmarks/calibration.py`` runs :func:`calibrate` and records the
+table (docs/statistics.md, "Calibration"); tests pin the null rates with fixed seeds.
+
+The null models (each the study's shape: the cpu preset's 16 probes, 27 trajectories of
+(depth, init, layer) averaged over 2 seeds, 5 paired seeds per arm, three pretrained
+models):
+
+* ``collapse-flat``: each seed's PR_Q and PR_K fall from 17 to a floor (uniform 2-5) with
+  time constant 0.03 of training, then stay flat with AR(1) noise (phi 0.6, sd 0.4);
+  PR_Q and PR_K are equal in distribution and independent.
+* ``collapse-shared-drift``: the same plus a slow drift per trajectory (slope N(0, 1) per
+  unit of progress) shared by PR_Q and PR_K.
+* ``trials-shared-trend`` (claim 3): PR_K and the two other metrics of each trial follow
+  one training-time trend (falling early) and one layer profile, with trial effects
+  independent between the metrics.
+* ``paired-null`` (claim 4, reality checks): per seed, baseline and each arm N(0, 1)
+  (three arms share the baseline, so their deltas correlate 0.5).
+* ``iid-checkpoints`` (claim 5): i.i.d. N(0, 1) values at 5-30 checkpoints; the link's
+  null has metrics independent within checkpoint but with checkpoint and layer effects.
+
+Planted effects are stated beside each power row.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from qkgeom.stats import rules as R
+from qkgeom.stats.effects import collapse_index, directional_confidence, slopes
+from qkgeom.stats.rank_correlation import spearman_ci
+
+PROGRESS = np.arange(16) / 15  # the cpu preset: 1,500 steps, a probe every 100
+UNITS = 27  # (depth, init, layer) trajectories of the cpu grid: (2 + 3 + 4) x 3 inits
+GRID_SEEDS = 2
+ARM_SEEDS = 5
+ARMS = ("shrink", "hold", "shrink_act")
+SIGNS = {"shrink": -1, "hold": 1, "shrink_act": -1}
+
+
+def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """Wilson score 95% interval of a binomial proportion (the Monte Carlo interval)."""
+    if n == 0:
+        return math.nan, math.nan
+    p = k / n
+    c = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    m = (p + z * z / (2 * n)) / (1 + z * z / n)
+    return max(0.0, m - c), min(1.0, m + c)
+
+
+# --------------------------------------------------------------------------- claim 2
+
+
+def _ar1(rng: np.random.Generator, shape: tuple[int, ...], phi: float = 0.6,
+         sd: float = 0.4) -> np.ndarray:
+    e = rng.normal(0, sd * math.sqrt(1 - phi * phi), shape)
+    out = np.empty(shape)
+    out[..., 0] = rng.normal(0, sd, shape[:-1])
+    for j in range(1, shape[-1]):
+        out[..., j] = phi * out[..., j - 1] + e[..., j]
+    return out
+
+
+def trajectories(rng: np.random.Generator, *, drift: bool = False, slope: float = 0.0,
+                 offset: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """PR_Q and PR_K per trajectory (UNITS x probes), each the mean over GRID_SEEDS seeds.
+    ``slope``: planted +slope (PR_Q) and -slope (PR_K) per unit of progress;
+    ``offset``: planted PR_Q - PR_K after the collapse."""
+    shape = (UNITS, GRID_SEEDS, PROGRESS.size)
+    collapse = np.exp(-PROGRESS / 0.03)
+
+    def one() -> np.ndarray:
+        floor = rng.uniform(2, 5, (UNITS, GRID_SEEDS, 1))
+        return floor + (17 - floor) * collapse + _ar1(rng, shape)
+
+    q, k = one(), one()
+    if drift:
+        c = rng.normal(0, 1, (UNITS, 1, 1)) * PROGRESS
+        q, k = q + c, k + c
+    after = 1 - collapse
+    q = q + slope * PROGRESS + offset * after
+    k = k - slope * PROGRESS
+    return q.mean(axis=1), k.mean(axis=1)
+
+
+def _window_slopes(q: np.ndarray, k: np.ndarray, start: np.ndarray) -> tuple[Any, Any]:
+    ps = [PROGRESS[s:] for s in start]
+    return (slopes(ps, [q[i, s:] for i, s in enumerate(start)]).slopes,
+            slopes(ps, [k[i, s:] for i, s in enumerate(start)]).slopes)
+
+
+def claim2_verdicts(q: np.ndarray, k: np.ndarray) -> dict[str, str]:
+    """The claim-2 rules on one simulated study, plus the retired argmin window."""
+    zero = np.zeros(UNITS, dtype=int)
+    late = np.full(UNITS, int(np.searchsorted(PROGRESS, R.LATE_FROM - 1e-12)))
+    argmin = np.array([collapse_index(PROGRESS, q[i] + k[i]) for i in range(UNITS)])
+    return {"2-gap": R.gap_rule(q[:, -1] - k[:, -1]),
+            "2-slopes": R.slopes_rule(*_window_slopes(q, k, zero)),
+            "2-slopes-late": R.slopes_rule(*_window_slopes(q, k, late)),
+            "2-slopes-collapse (retired)": R.slopes_rule(*_window_slopes(q, k, argmin))}
+
+
+# --------------------------------------------------------------------------- claim 3
+
+GROUPS = ((2, 6), (3, 6), (4, 9))  # depth, baseline trials (grid + the arms' extra seeds)
+STEPS = 15  # probes after step 0
+
+
+def claim3_groups(rng: np.random.Generator, rho: float = 0.0, rho2: float | None = None
+                  ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    """PR_K, interaction rank and entropy per depth group: (trials, steps x layers).
+    Shared training-time trend and layer profile; trial effects correlated ``rho``
+    between PR_K and the interaction rank, ``rho2`` (default ``rho``) between PR_K and
+    entropy (0 under the null)."""
+    trend = np.exp(-np.arange(1, STEPS + 1) / 3.0)[:, None]
+    xs, ys, zs = [], [], []
+    for depth, n in GROUPS:
+        layer = rng.normal(0, 1, (1, 1, depth))
+        u = rng.normal(0, 1, (n, 1, 1))
+
+        def metric(effect: np.ndarray, n: int = n, depth: int = depth,
+                   layer: np.ndarray = layer) -> np.ndarray:
+            noise = np.moveaxis(_ar1(rng, (n, depth, STEPS), sd=0.5), 1, 2)
+            return 3 * trend + layer + 0.7 * effect + noise
+
+        x = metric(u)
+        yz = []
+        for r in (rho, rho if rho2 is None else rho2):
+            w = r * u + math.sqrt(1 - r * r) * rng.normal(0, 1, (n, 1, 1))
+            yz.append(metric(w))
+        xs.append(x.reshape(n, -1))
+        ys.append(yz[0].reshape(n, -1))
+        zs.append(yz[1].reshape(n, -1))
+    return xs, ys, zs
+
+
+def claim3_verdict(rng: np.random.Generator, rho: float = 0.0, rho2: float | None = None, *,
+                   n_perm: int = 999) -> str:
+    xs, ys, zs = claim3_groups(rng, rho, rho2)
+    p1 = R.trial_permutation_p(xs, ys, rng=rng, n_perm=n_perm).p_value
+    p2 = R.trial_permutation_p(xs, zs, rng=rng, n_perm=n_perm).p_value
+    return R.both_rule([p1, p2])
+
+
+def claim3_retired(rng: np.random.Generator) -> str:
+    """The retired rule: one pooled Spearman over every probe including step 0 (both
+    metrics at their maximum), CI from a cluster bootstrap over trials, both CIs > 0."""
+    xs, ys, zs = claim3_groups(rng)
+    oks = []
+    for other in (ys, zs):
+        x, y, c = [], [], []
+        for g, (a, b) in enumerate(zip(xs, other)):
+            n = a.shape[0]
+            a0 = np.concatenate([np.full((n, 1), 10.0), a], axis=1)  # step 0: at the top
+            b0 = np.concatenate([np.full((n, 1), 10.0), b], axis=1)
+            x.append(a0.ravel())
+            y.append(b0.ravel())
+            c.append(np.repeat(np.arange(n) + 100 * g, a0.shape[1]))
+        r = spearman_ci(np.concatenate(x), np.concatenate(y), clusters=np.concatenate(c),
+                        n_boot=200, rng=rng)
+        oks.append(r.ci_low is not None and r.ci_low > 0)
+    return R.HOLDS if all(oks) else R.FAILS
+
+
+# --------------------------------------------------------------------------- claim 4
+
+
+def arm_deltas(rng: np.random.Generator, n: int, effect: dict[str, float] | None = None
+               ) -> dict[str, np.ndarray]:
+    """Per-seed arm - baseline deltas of the three arms sharing one baseline; ``effect``
+    adds (arm: size in units of the delta's sd, in the predicted direction)."""
+    base = rng.normal(0, 1, n)
+    out = {}
+    for a in ARMS:
+        d = (rng.normal(0, 1, n) - base) / math.sqrt(2)  # unit sd
+        out[a] = d + SIGNS[a] * (effect or {}).get(a, 0.0)
+    return out
+
+
+def claim4_verdicts(d: dict[str, np.ndarray]) -> dict[str, str]:
+    fam = R.arm_family_rule(d, SIGNS)
+    return {a: fam[a]["verdict"] for a in ARMS}
+
+
+def claim4_retired(rng: np.random.Generator, d: dict[str, np.ndarray]) -> dict[str, str]:
+    """The retired rule: directional confidence >= 0.95 per arm, no family."""
+    return {a: R.HOLDS if directional_confidence(
+        d[a], predicted_sign=SIGNS[a], rng=rng).directional_confidence >= 0.95 else R.FAILS
+        for a in ARMS}
+
+
+# --------------------------------------------------------------------------- claim 5
+
+MODELS = 3
+
+
+def claim5_trend(rng: np.random.Generator, n: int, amplitude: float = 0.0,
+                 n_perm: int = 999) -> tuple[int, list[bool]]:
+    """Per model, whether its series rises then decays (split_trend); planted: a tent
+    peaking at 0.4 of the series with height ``amplitude`` (noise sd 1)."""
+    x = np.arange(n) / max(n - 1, 1)
+    tent = amplitude * np.where(x <= 0.4, x / 0.4, (1 - x) / 0.6)
+    oks = [R.split_trend(np.arange(n), tent + rng.normal(0, 1, n), rng=rng,
+                         n_perm=n_perm).rises_then_decays for _ in range(MODELS)]
+    return sum(oks), oks
+
+
+def claim5_retired(rng: np.random.Generator, n: int) -> bool:
+    """The retired rule: split at the argmax, 'holds if at least one model'."""
+    from qkgeom.stats.trend import checkpoint_trend
+
+    return any(checkpoint_trend(np.arange(n), rng.normal(0, 1, n)).rises_then_decays
+               for _ in range(MODELS))
+
+
+def link_holds(rng: np.random.Generator, n_ckpt: int, rho: float = 0.0, layers: int = 12,
+               n_boot: int = 1000) -> bool:
+    """One model's rank-entropy link (:func:`rules.stratified_link`). Null: the two
+    metrics share a training-time trend and have checkpoint effects, independent across
+    layers within a checkpoint; planted: within-checkpoint correlation ``rho``."""
+    trend = np.linspace(3, 0, n_ckpt)[:, None]
+    cx, cy = rng.normal(0, 1, (n_ckpt, 1)), rng.normal(0, 1, (n_ckpt, 1))
+    e1 = rng.normal(0, 1, (n_ckpt, layers))
+    e2 = rho * e1 + math.sqrt(1 - rho * rho) * rng.normal(0, 1, (n_ckpt, layers))
+    x, y = trend + cx + e1, trend + cy + e2
+    return R.stratified_link(x.ravel(), y.ravel(), np.repeat(np.arange(n_ckpt), layers),
+                             rng=rng, n_boot=n_boot).holds
+
+
+# --------------------------------------------------------------------------- the table
+
+
+def _rate(name: str, scenario: str, kind: str, effect: str, reps: int,
+          draw: Callable[[np.random.Generator], bool], rng: np.random.Generator
+          ) -> dict[str, Any]:
+    k = sum(bool(draw(rng)) for _ in range(reps))
+    lo, hi = wilson(k, reps)
+    return {"rule": name, "scenario": scenario, "kind": kind, "effect": effect, "reps": reps,
+            "holds": k, "rate": k / reps, "ci_low": lo, "ci_high": hi}
+
+
+def calibrate(reps: int = 2000, *, seed: int = 0, retired: bool = True,
+              say: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """Every rule under its nulls and at its planted effects: one row per (rule, scenario)
+    with the share of simulated studies where it says "holds" and a Wilson 95% interval.
+    ``reps`` sets the claim-2/4 repetitions; permutation-based rules run reps / 2."""
+    rng = np.random.default_rng(seed)
+    rows: list[dict[str, Any]] = []
+    say = say or (lambda s: None)
+    slow = max(reps // 2, 50)
+
+    def add(*a: Any) -> None:
+        rows.append(_rate(*a, rng))
+        r = rows[-1]
+        say(f"{r['rule']:<28} {r['scenario']:<34} {r['rate']:.3f} "
+            f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]")
+
+    claim2 = list(claim2_verdicts(*trajectories(rng)))
+    for name in claim2:
+        for scen, kw in (("collapse-flat", {}), ("collapse-shared-drift", {"drift": True})):
+            add(name, scen, "null", "-", slow,
+                lambda g, kw=kw, name=name: claim2_verdicts(*trajectories(g, **kw))[name]
+                == R.HOLDS)
+    add("2-gap", "collapse-flat + PR_Q 3 above PR_K", "power", "offset 3 (7.5 noise sd)",
+        slow, lambda g: claim2_verdicts(*trajectories(g, offset=3.0))["2-gap"] == R.HOLDS)
+    for name in ("2-slopes", "2-slopes-late", "2-slopes-collapse (retired)"):
+        add(name, "collapse-flat + slopes +-1", "power", "slope 1 per run (2.5 sd)", slow,
+            lambda g, name=name: claim2_verdicts(*trajectories(g, slope=1.0))[name]
+            == R.HOLDS)
+    add("3", "trials-shared-trend", "null", "-", slow,
+        lambda g: claim3_verdict(g) == R.HOLDS)
+    add("3", "trials-shared-trend, only the rank linked (rho 0.9)", "null", "-", slow,
+        lambda g: claim3_verdict(g, 0.9, 0.0) == R.HOLDS)
+    add("3", "trials-shared-trend + trial effects rho 0.6", "power", "rho 0.6", slow,
+        lambda g: claim3_verdict(g, 0.6) == R.HOLDS)
+    if retired:
+        add("3 (retired)", "trials-shared-trend", "null", "-", max(reps // 20, 20),
+            claim3_retired)
+    for n in (ARM_SEEDS, 6, 8, 10):
+        for a in ARMS:
+            add(f"4-{a}", f"paired-null, {n} seeds", "null", "-", reps,
+                lambda g, a=a, n=n: claim4_verdicts(arm_deltas(g, n))[a] == R.HOLDS)
+        add("4 (any arm)", f"paired-null, {n} seeds", "null", "-", reps,
+            lambda g, n=n: R.HOLDS in claim4_verdicts(arm_deltas(g, n)).values())
+        for eff in (0.5, 1.0, 2.0):
+            add("4-shrink", f"paired, {n} seeds, shrink effect {eff} sd", "power",
+                f"{eff} sd", reps, lambda g, n=n, eff=eff: claim4_verdicts(
+                    arm_deltas(g, n, {"shrink": eff}))["shrink"] == R.HOLDS)
+    if retired:
+        add("4-shrink (retired DC>=0.95)", f"paired-null, {ARM_SEEDS} seeds", "null", "-",
+            max(reps // 2, 50), lambda g: claim4_retired(g, arm_deltas(g, ARM_SEEDS))[
+                "shrink"] == R.HOLDS)
+    for n in (ARM_SEEDS, 8):
+        add("reality-check", f"paired-null, {n} seeds", "null", "-", reps,
+            lambda g, n=n: R.all_lower_rule(g.normal(0, 1, n)) == R.HOLDS)
+        add("reality-check", f"paired, {n} seeds, effect 2 sd", "power", "2 sd", reps,
+            lambda g, n=n: R.all_lower_rule(g.normal(-2, 1, n)) == R.HOLDS)
+    for n in (5, 8, 10, 15, 20, 30):
+        add("5 (one model)", f"iid-checkpoints, {n}", "null", "-", slow,
+            lambda g, n=n: claim5_trend(g, n)[1][0])
+        add("5-trend (several of 3)", f"iid-checkpoints, {n}", "null", "-", slow,
+            lambda g, n=n: R.several_rule(claim5_trend(g, n)[0], MODELS) == R.HOLDS)
+        add("5-trend (several of 3)", f"tent 3 sd, {n} checkpoints", "power", "3 sd", slow,
+            lambda g, n=n: R.several_rule(claim5_trend(g, n, 3.0)[0], MODELS) == R.HOLDS)
+        if retired:
+            add("5 (retired)", f"iid-checkpoints, {n}", "null", "-", reps,
+                lambda g, n=n: claim5_retired(g, n))
+    for n in (5, 10, 30):
+        add("5-link (one model)", f"shared trend, {n} checkpoints", "null", "-", slow,
+            lambda g, n=n: link_holds(g, n))
+        add("5-link (one model)", f"rho 0.3, {n} checkpoints", "power", "rho 0.3", slow,
+            lambda g, n=n: link_holds(g, n, 0.3))
+    return rows

@@ -1,0 +1,364 @@
+"""The verdict rules: pure functions from the measured arrays to ``holds`` / ``does not
+hold`` / ``not enough data``, each with an error rate that :mod:`qkgeom.stats.calibration`
+measures under null models and ``benchmarks/calibration.py`` records.
+
+:mod:`qkgeom.claims` reads the database and calls these; the calibration calls the same
+functions on simulated data, so what is calibrated is what decides the report.
+
+* :func:`gap_rule` (claim 2-gap), :func:`slopes_rule` (2-slopes, from step 0 and from the
+  pre-specified progress :data:`LATE_FROM`).
+* :func:`stratified_spearman` and :func:`trial_permutation_p` (claim 3: the correlation
+  across trials at the same step, depth and layer, so a shared training-time trend or a
+  layer effect cannot make it).
+* :func:`sign_flip_p`, :func:`holm` and :func:`arm_family_rule` (claim 4: an exact
+  sign-flip permutation test per arm, Holm's step-down over the arms sharing a baseline).
+* :func:`all_lower_rule` (reality checks).
+* :func:`split_trend` and :func:`several_rule` (claim 5: pre-specified halves of the
+  checkpoint series, a permutation null per model, "several" = at least two models and a
+  binomial tail below alpha).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from qkgeom.stats.common import ResultDict, binom_tail_half, finite_values
+from qkgeom.stats.effects import sign_test
+
+HOLDS, FAILS, NO_DATA = "holds", "does not hold", "not enough data"
+ALPHA = 0.05
+# Claim 2's second trend window starts at a progress fixed before any data are seen: after
+# the warm-up (4% of training) and the paper's initial collapse (about step 100 of 1,500,
+# progress 0.07), with three quarters of training left to fit. It is not chosen per
+# trajectory from the values it tests (a per-trajectory minimum biases every later slope
+# upward; docs/statistics.md, "Calibration").
+LATE_FROM = 0.25
+N_PERM = 9_999  # Monte Carlo permutations (p = (1 + #{T* >= T}) / (1 + N_PERM))
+EXACT_FLIPS = 16  # sign-flip tests enumerate all 2^n sign vectors up to this n
+
+
+# --------------------------------------------------------------------------- claim 2
+
+
+def gap_rule(final_gaps: Any, alpha: float = ALPHA) -> str:
+    """Claim 2-gap: PR_Q - PR_K > 0 at the final probe in every trajectory, with the
+    one-sided sign test below ``alpha``; does not hold if any trajectory is <= 0."""
+    d, _ = finite_values(final_gaps)
+    if d.size == 0:
+        return NO_DATA
+    if not (d > 0).all():
+        return FAILS
+    return HOLDS if sign_test(d).p_value < alpha else NO_DATA
+
+
+def slopes_rule(q_slopes: Any, k_slopes: Any, alpha: float = ALPHA) -> str:
+    """Claim 2-slopes: PR_Q slopes positive and PR_K slopes negative, each in a majority
+    significant by the one-sided sign test (an intersection-union test: its error rate is
+    at most ``alpha`` under every null)."""
+    q = sign_test(q_slopes)
+    k = sign_test(k_slopes, predicted_sign=-1)
+    if q.n == 0:
+        return NO_DATA
+    if q.p_value < alpha and k.p_value < alpha:
+        return HOLDS
+    return NO_DATA if q.n < 5 else FAILS
+
+
+# --------------------------------------------------------------------------- claim 3
+
+
+def _centred_ranks(a: np.ndarray) -> np.ndarray:
+    """Average ranks along axis 0, centred (ties share their mean rank)."""
+    from scipy.stats import rankdata
+
+    r = rankdata(a, axis=0)
+    return r - r.mean(axis=0, keepdims=True)
+
+
+@dataclass
+class StratifiedCorrelation(ResultDict):
+    """Spearman across trials within strata (same step, depth and layer), pooled.
+
+    ``rho`` = sum of within-stratum products of centred ranks over the square root of the
+    product of their sums of squares; ``p_value`` is one-sided (predicted > 0) from
+    ``n_perm`` permutations of whole trials within their depth; ``n_trials`` and
+    ``n_strata`` say what it rests on.
+    """
+
+    rho: float
+    p_value: float
+    n_trials: int
+    n_strata: int
+    n_perm: int
+
+
+def _group_grams(x_groups: list[np.ndarray], y_groups: list[np.ndarray]
+                 ) -> tuple[list[np.ndarray], float]:
+    grams, sx, sy = [], 0.0, 0.0
+    for x, y in zip(x_groups, y_groups):
+        rx = _centred_ranks(x).reshape(x.shape[0], -1)
+        ry = _centred_ranks(y).reshape(y.shape[0], -1)
+        grams.append(rx @ ry.T)  # [t, u] = <ranks of trial t's x, ranks of trial u's y>
+        sx += float((rx**2).sum())
+        sy += float((ry**2).sum())
+    return grams, math.sqrt(sx * sy)
+
+
+def trial_permutation_p(x_groups: list[np.ndarray], y_groups: list[np.ndarray], *,
+                        rng: np.random.Generator, n_perm: int = N_PERM
+                        ) -> StratifiedCorrelation:
+    """Within-stratum Spearman of x and y and its permutation p-value.
+
+    ``x_groups[g]`` and ``y_groups[g]`` are arrays ``(n_trials_g, n_strata_g)`` (one group
+    per depth; a column is a (step, layer) stratum, complete in every trial of the group).
+    Under the null that trials are exchangeable (x of one trial tells nothing about y of
+    another), permuting whole trials' y within a group leaves the statistic's distribution
+    unchanged, whatever the within-trial dependence over steps and layers. Ranks along the
+    trial axis commute with the permutation, so each permutation costs one sum over a
+    precomputed trials x trials matrix.
+    """
+    keep = [(x, y) for x, y in zip(x_groups, y_groups) if x.shape[0] >= 2 and x.size]
+    if not keep:
+        return StratifiedCorrelation(math.nan, 1.0, 0, 0, 0)
+    grams, den = _group_grams([k[0] for k in keep], [k[1] for k in keep])
+    n_trials = sum(g.shape[0] for g in grams)
+    n_strata = sum(k[0].shape[1] for k in keep)
+    if den == 0:
+        return StratifiedCorrelation(math.nan, 1.0, n_trials, n_strata, 0)
+    obs = sum(float(np.trace(g)) for g in grams) / den
+    perm = np.zeros(n_perm)
+    for g in grams:
+        n = g.shape[0]
+        idx = rng.permuted(np.tile(np.arange(n), (n_perm, 1)), axis=1)
+        perm += g[np.arange(n)[None, :], idx].sum(axis=1)
+    perm /= den
+    p = (1 + int((perm >= obs - 1e-12).sum())) / (1 + n_perm)
+    return StratifiedCorrelation(obs, p, n_trials, n_strata, n_perm)
+
+
+def both_rule(p_values: list[float], alpha: float = ALPHA) -> str:
+    """Claim 3 needs every one of its correlations: an intersection-union test, each at
+    ``alpha`` (error rate at most ``alpha`` under every null)."""
+    if not p_values or any(p is None or not math.isfinite(p) for p in p_values):
+        return NO_DATA
+    return HOLDS if max(p_values) < alpha else FAILS
+
+
+# --------------------------------------------------------------------------- claim 4
+
+
+def sign_flip_p(deltas: Any, predicted_sign: int, *, rng: np.random.Generator | None = None
+                ) -> float:
+    """One-sided p-value of the paired mean by sign-flip permutation: the share of the 2^n
+    sign vectors whose mean (times ``predicted_sign``) is at least the observed one.
+
+    Exact for n <= :data:`EXACT_FLIPS` (all vectors); above, 2^16 random vectors plus the
+    observed one. Under sign-symmetric deltas (no effect) ``P(p <= a) <= a`` exactly; with
+    5 seeds the smallest p is 1/32.
+    """
+    d, _ = finite_values(deltas)
+    n = d.size
+    if n == 0:
+        return 1.0
+    a = np.abs(d)
+    obs = float((d * predicted_sign).sum())
+    if n <= EXACT_FLIPS:
+        signs = 1 - 2 * ((np.arange(2**n)[:, None] >> np.arange(n)[None, :]) & 1)
+        tot = signs @ a
+        return float((tot >= obs - 1e-12 * max(1.0, a.sum())).mean())
+    rng = rng or np.random.default_rng(0)
+    signs = rng.choice([-1.0, 1.0], size=(2**16, n))
+    tot = signs @ a
+    return float((1 + (tot >= obs - 1e-12 * a.sum()).sum()) / (1 + tot.size))
+
+
+def holm(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (family-wise error under any dependence)."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    adj = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        adj[i] = running
+    return adj
+
+
+def min_seeds(n_arms: int, alpha: float = ALPHA) -> int:
+    """The fewest paired seeds with which the best possible result (every seed in the
+    predicted direction, p = 2^-n) passes Holm's first step, ``2^-n < alpha / n_arms``."""
+    n = 1
+    while 2.0**-n * n_arms >= alpha:
+        n += 1
+    return n
+
+
+def arm_family_rule(deltas: dict[str, Any], signs: dict[str, int], alpha: float = ALPHA
+                    ) -> dict[str, dict[str, Any]]:
+    """Claim 4 for the arms that share one baseline, as a family.
+
+    Per arm: the sign-flip p in its predicted direction, the Holm-adjusted p over the
+    family, and the verdict (holds when the adjusted p < ``alpha``). When the family's
+    seed count cannot reach ``alpha`` even with every seed agreeing (fewer than
+    :func:`min_seeds`), every arm is ``not enough data``.
+    """
+    arms = list(deltas)
+    ps = [sign_flip_p(deltas[a], signs[a]) for a in arms]
+    adj = holm(ps)
+    m = len(arms)
+    out = {}
+    for a, p, q in zip(arms, ps, adj):
+        n = finite_values(deltas[a])[0].size
+        if n < 2 or n < min_seeds(m, alpha):
+            verdict = NO_DATA
+        else:
+            verdict = HOLDS if q < alpha else FAILS
+        out[a] = {"p": p, "p_holm": q, "n_seeds": int(n), "family": m,
+                  "min_seeds": min_seeds(m, alpha), "verdict": verdict}
+    return out
+
+
+def all_lower_rule(deltas: Any, alpha: float = ALPHA) -> str:
+    """Reality check: the arm's value below the baseline's in every seed, with enough
+    seeds for that to be unlikely by chance (2^-n < ``alpha``: at least 5)."""
+    d, _ = finite_values(deltas)
+    if d.size == 0 or 2.0 ** -d.size >= alpha:
+        return NO_DATA
+    return HOLDS if (d < 0).all() else FAILS
+
+
+# --------------------------------------------------------------------------- claim 5
+
+
+@dataclass
+class SplitTrend(ResultDict):
+    """A checkpoint series split into pre-specified halves (by position, the middle
+    checkpoint in both when the count is odd): Spearman of value vs step in each, the
+    statistic ``rho_early - rho_late`` and its permutation p-value (one-sided, rises then
+    decays). ``rises_then_decays`` needs rho_early > 0, rho_late < 0 and p < alpha."""
+
+    n_checkpoints: int
+    rho_early: float
+    rho_late: float
+    statistic: float
+    p_value: float
+    rises_then_decays: bool
+
+
+MIN_CHECKPOINTS = 5
+
+
+def _row_spearman_vs_position(v: np.ndarray) -> np.ndarray:
+    from scipy.stats import rankdata
+
+    r = rankdata(v, axis=1)
+    r = r - r.mean(axis=1, keepdims=True)
+    pos = np.arange(v.shape[1], dtype=float)
+    pos -= pos.mean()
+    den = np.sqrt((r**2).sum(axis=1) * (pos**2).sum())
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, (r @ pos) / den, 0.0)
+
+
+def split_trend(steps: Any, values: Any, *, rng: np.random.Generator,
+                n_perm: int = N_PERM, alpha: float = ALPHA) -> SplitTrend:
+    """Rises in the first half of the checkpoints and decays in the second, tested against
+    the null of exchangeable checkpoints (i.i.d. values) by permuting the values."""
+    s = np.asarray(steps, dtype=float).ravel()
+    v = np.asarray(values, dtype=float).ravel()
+    keep = np.isfinite(s) & np.isfinite(v)
+    s, v = s[keep], v[keep]
+    v = v[np.argsort(s, kind="stable")]
+    n = int(v.size)
+    if n < MIN_CHECKPOINTS:
+        return SplitTrend(n, math.nan, math.nan, math.nan, 1.0, False)
+    h = (n + 1) // 2
+
+    def stat(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return _row_spearman_vs_position(rows[:, :h]), _row_spearman_vs_position(rows[:, n - h:])
+
+    e, lt = stat(v[None, :])
+    obs = float(e[0] - lt[0])
+    perms = rng.permuted(np.tile(v, (n_perm, 1)), axis=1)
+    pe, pl = stat(perms)
+    p = (1 + int(((pe - pl) >= obs - 1e-12).sum())) / (1 + n_perm)
+    return SplitTrend(n, float(e[0]), float(lt[0]), obs, p,
+                      bool(e[0] > 0 and lt[0] < 0 and p < alpha))
+
+
+def binom_tail(k: int, m: int, q: float) -> float:
+    """``P(X >= k)`` for ``X ~ Binomial(m, q)``."""
+    if k <= 0:
+        return 1.0
+    if q == 0.5:
+        return binom_tail_half(k, m)
+    return float(sum(math.comb(m, i) * q**i * (1 - q) ** (m - i) for i in range(k, m + 1)))
+
+
+def several_rule(k: int, m: int, alpha: float = ALPHA) -> str:
+    """"Several models" made explicit: at least two of the ``m`` models tested (each at
+    ``alpha``) pass, and that many passing by chance is below ``alpha``
+    (``P(Bin(m, alpha) >= k) < alpha``). Fewer than two models: not enough data."""
+    if m < 2:
+        return NO_DATA
+    return HOLDS if k >= 2 and binom_tail(k, m, alpha) < alpha else FAILS
+
+
+@dataclass
+class StratifiedLink(ResultDict):
+    """Spearman across layers within each checkpoint, pooled over checkpoints (a trend
+    shared by both metrics over training cannot make it), with a percentile interval from
+    a bootstrap that resamples whole checkpoints. The verdict's test also takes the
+    checkpoint as its unit: an exact sign-flip test of the per-checkpoint correlations
+    (``p_value``, one-sided, predicted > 0); the percentile interval alone says "holds" on
+    independent metrics 7-9% of the time at 5-10 checkpoints (docs/statistics.md).
+    ``holds`` needs p < alpha and at least :data:`MIN_CHECKPOINTS` checkpoints."""
+
+    rho: float
+    p_value: float
+    ci_low: float
+    ci_high: float
+    n_checkpoints: int
+    n_points: int
+    n_boot: int
+    holds: bool
+
+
+def stratified_link(x: Any, y: Any, checkpoints: Any, *, rng: np.random.Generator,
+                    n_boot: int = 2000, ci: float = 0.95) -> StratifiedLink:
+    """The rank-entropy link of one model: ``x`` and ``y`` per (checkpoint, layer) point,
+    ``checkpoints`` the checkpoint of each point."""
+    x = np.asarray(x, dtype=float).ravel()
+    y = np.asarray(y, dtype=float).ravel()
+    c = np.asarray(checkpoints).ravel()
+    keep = np.isfinite(x) & np.isfinite(y)
+    x, y, c = x[keep], y[keep], c[keep]
+    parts = []
+    for key in np.unique(c):
+        m = c == key
+        if m.sum() < 2:
+            continue
+        rx, ry = _centred_ranks(x[m]), _centred_ranks(y[m])
+        parts.append(((rx * ry).sum(), (rx**2).sum(), (ry**2).sum()))
+    n_c = len(parts)
+    if n_c == 0:
+        return StratifiedLink(math.nan, 1.0, math.nan, math.nan, 0, int(x.size), 0, False)
+    a = np.asarray(parts)
+
+    def ratio(s: np.ndarray) -> np.ndarray:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return s[..., 0] / np.sqrt(s[..., 1] * s[..., 2])
+
+    rho = float(ratio(a.sum(axis=0)))
+    idx = rng.integers(0, n_c, (n_boot, n_c))
+    boot = ratio(a[idx].sum(axis=1))
+    boot = boot[np.isfinite(boot)]
+    lo, hi = (np.quantile(boot, [(1 - ci) / 2, (1 + ci) / 2]) if boot.size
+              else (math.nan, math.nan))
+    p = sign_flip_p(ratio(a), 1)
+    return StratifiedLink(rho, p, float(lo), float(hi), n_c, int(x.size), n_boot,
+                          bool(n_c >= MIN_CHECKPOINTS and p < ALPHA))
