@@ -71,6 +71,7 @@ class Report:
     charts: dict[str, Any]  # name -> altair chart, each written as fig-NAME.png
     figures: list[tuple[str, str]]  # (chart name, caption) in the order shown
     ladder: dict[str, dict[str, Any]]  # claim key -> robustness on the ladder (qkgeom.ladder)
+    calibration: str = ""  # how the verdict rules were calibrated (the header's line)
 
 
 # --------------------------------------------------------------------------- computing
@@ -184,7 +185,8 @@ def compute_report(store: Store, sweep: str, *, seed: int = 0, n_boot: int = 10_
     cells = load_cells()
     ladder = {c.key: robustness(cells, c.key) for c in found.claims}
     return Report(sweep, seed, n_boot, fin, design_text, design, scale_rows, scale,
-                  found.claims, found.sections, charts, figures, ladder)
+                  found.claims, found.sections, charts, figures, ladder,
+                  found.frames.get("calibration", ""))
 
 
 # --------------------------------------------------------------------------- rendering
@@ -237,10 +239,12 @@ def render_markdown(rep: Report) -> str:
     md = [f"# qkgeom study report: {rep.sweep}", "", rep.design_text, "",
           _md_table(rep.design), "", "## Scale and optimiser, beside the paper's", "",
           _md_table(rep.scale_rows), "", SCALE_NOTE, "", "## Claims and verdicts", "",
-          "| claim | paper | measured | verdict | on the ladder |", "|---|---|---|---|---|"]
+          rep.calibration, "",
+          "| claim | paper | measured | verdict | the rule's error rate and power | on the "
+          "ladder |", "|---|---|---|---|---|---|"]
     for c in rep.claims:
         md.append(f"| {c.key} | {c.paper} | {c.measured.replace('|', '/')} | **{c.verdict}** "
-                  f"| {_ladder_text(rep, c.key)} |")
+                  f"| {c.rule_error} | {_ladder_text(rep, c.key)} |")
     md += ["", "Verdict rules:", ""] + [f"- {r}" for r in RULES] + [""]
     md += ["## Figures", ""]
     for name, caption in rep.figures:
@@ -265,12 +269,14 @@ def render_html(rep: Report, svgs: dict[str, str]) -> str:
          _html_table(rep.design),
          "<h2>Scale and optimiser, beside the paper's</h2>", _html_table(rep.scale_rows),
          f"<p>{html.escape(SCALE_NOTE)}</p>",
-         "<h2>Claims and verdicts</h2><table><thead><tr><th>claim</th><th>paper</th>"
-         "<th>measured</th><th>verdict</th><th>on the ladder</th></tr></thead><tbody>"]
+         f"<h2>Claims and verdicts</h2><p>{html.escape(rep.calibration)}</p>"
+         "<table><thead><tr><th>claim</th><th>paper</th>"
+         "<th>measured</th><th>verdict</th><th>the rule's error rate and power</th>"
+         "<th>on the ladder</th></tr></thead><tbody>"]
     for c in rep.claims:
         h.append(f"<tr><td>{html.escape(c.key)}</td><td>{html.escape(c.paper)}</td>"
                  f"<td>{html.escape(c.measured)}</td><td class='{_verdict_class(c.verdict)}'>"
-                 f"{html.escape(c.verdict)}</td>"
+                 f"{html.escape(c.verdict)}</td><td>{html.escape(c.rule_error)}</td>"
                  f"<td>{html.escape(_ladder_text(rep, c.key))}</td></tr>")
     h.append("</tbody></table><p>Verdict rules:</p><ul>"
              + "".join(f"<li>{html.escape(r)}</li>" for r in RULES) + "</ul><h2>Figures</h2>")
@@ -297,6 +303,7 @@ def render_json(rep: Report) -> str:
     """report.json: every number behind the verdicts (strict JSON: NaN as null)."""
     data = {"sweep": rep.sweep, "seed": rep.seed, "n_boot": rep.n_boot,
             "finished_only": rep.finished_only, "scale": rep.scale, "rules": RULES,
+            "calibration": rep.calibration,
             "claims": [c.__dict__ for c in rep.claims], "ladder": rep.ladder}
     return json.dumps(to_jsonable(data), indent=2, allow_nan=False)
 

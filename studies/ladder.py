@@ -30,7 +30,7 @@ from collections import defaultdict
 from datetime import datetime
 from pathlib import Path
 
-CLAIMS = ["2-gap", "2-slopes", "2-slopes-collapse", "3", "4-shrink", "4-hold",
+CLAIMS = ["2-gap", "2-slopes", "2-slopes-late", "3", "4-shrink", "4-hold",
           "4-shrink_act", "reality-check", "reality-check-act"]
 
 
@@ -95,7 +95,7 @@ def cell_facts(label: str, db: str, sweep: str, reports: Path) -> dict:
     }
 
 
-GRID_CLAIMS = ["2-gap", "2-slopes", "2-slopes-collapse", "3"]
+GRID_CLAIMS = ["2-gap", "2-slopes", "2-slopes-late", "3"]
 
 
 def per_seed_verdicts(label: str, db: str, sweep: str, out: Path,

@@ -34,11 +34,15 @@ from qkgeom.records import ProbeRecord
 def _records(*, depth: int, seed: int, arm: str, steps: list[int], max_steps: int,
              pr_gap: float, q_slope: float, entropy_effect: dict[str, float],
              key_effect: dict[str, float], jitter: float, noise: float, n_heads: int,
-             head_spread: float, rng_seed: int, init_index: int) -> list[ProbeRecord]:
+             head_spread: float, rng_seed: int, init_index: int, link: float = 0.0
+             ) -> list[ProbeRecord]:
     # Randomness depends on (seed, depth, init) only for the baseline part, so paired
     # arms share it; the arm's jitter has its own stream.
     base = np.random.default_rng([rng_seed, seed, depth, init_index])
     e_seed = base.normal(0, 0.02)
+    # ``link``: a per-trial PR_K offset that entropy follows (across-trial variation for
+    # claim 3), from its own stream so that link = 0 leaves every other value as it was
+    z_link = link * np.random.default_rng([rng_seed, seed, depth, init_index, 99]).normal()
     arm_rng = np.random.default_rng([rng_seed, seed, depth, init_index, 7 + len(arm)])
     j = arm_rng.uniform(-jitter, jitter)
     eff = entropy_effect.get(arm, 0.0)
@@ -50,15 +54,15 @@ def _records(*, depth: int, seed: int, arm: str, steps: list[int], max_steps: in
         for layer in range(depth):
             eps = base.normal(0, 1, 2) * noise
             pr_q = 12 + q_slope * p + layer + eps[0]
-            pr_k_base = pr_q - pr_gap * (0.5 + p) + eps[1]
+            pr_k_base = pr_q - pr_gap * (0.5 + p) + eps[1] + z_link
             scale = 1 + keff * p
             pr_k = pr_k_base * scale if arm != "none" else pr_k_base
             pr_wk = (60 - 50 * p) * scale
             pr_wq = 60 - 20 * p
-            ent = 2 - 0.5 * p + 0.05 * layer + e_seed + eff * p * (1 + j)
+            ent = 2 - 0.5 * p + 0.05 * layer + e_seed + eff * p * (1 + j) + 0.1 * z_link
             vals = {
                 "pr_q": pr_q, "pr_k": pr_k, "pr_wq": pr_wq, "pr_wk": pr_wk,
-                "qk_pr": 0.4 * pr_k, "qk_erank": 0.5 * pr_k + 1, "logit_erank": 0.3 * pr_k + 2,
+                "qk_pr": 0.4 * pr_k, "qk_erank": 0.5 * pr_k + 1, "token_erank": 0.3 * pr_k + 2,
                 "entropy": ent, "entropy_norm": ent / 5.0,
             }
             if arm != "none":
@@ -88,7 +92,8 @@ def make_synthetic_db(url: str, *, sweep: str = "synthetic", pr_gap: float = 1.0
                       intervention_cell: tuple[int, str] | None = None,
                       max_steps: int = 100, probe_every: int = 10, jitter: float = 0.3,
                       noise: float = 0.0, n_heads: int = 2, head_spread: float = 0.1,
-                      status: str = "terminated", rng_seed: int = 0) -> dict[str, Any]:
+                      status: str = "terminated", rng_seed: int = 0, link: float = 0.0
+                      ) -> dict[str, Any]:
     """Write a synthetic sweep to ``url`` (created if new); return what was planted.
 
     Grid: every (depth, init, seed) with arm ``none``. Intervention: each arm in ``arms``
@@ -107,7 +112,8 @@ def make_synthetic_db(url: str, *, sweep: str = "synthetic", pr_gap: float = 1.0
         steps.append(max_steps)
     common = dict(steps=steps, max_steps=max_steps, pr_gap=pr_gap, q_slope=q_slope,
                   entropy_effect=entropy_effect, key_effect=key_effect, jitter=jitter,
-                  noise=noise, n_heads=n_heads, head_spread=head_spread, rng_seed=rng_seed)
+                  noise=noise, n_heads=n_heads, head_spread=head_spread, rng_seed=rng_seed,
+                  link=link)
     n_values = 0
     with open_store(url) as store:
         sid = store.ensure_sweep(sweep, {"synthetic": True, "pr_gap": pr_gap}, "synthetic")

@@ -408,10 +408,14 @@ def test_commands_on_a_real_smoke_sweep(smoke_db: str, tmp_path: Path):
                                                       "not enough data"}
     # by construction, not a training outcome: a baseline-fraction shrink arm ends with
     # W_K PR at half of its paired baseline's in every seed
-    v = {c["key"]: c["verdict"] for c in rep["claims"]}
-    assert v["reality-check"] == "holds"
+    c = {c["key"]: c for c in rep["claims"]}
+    kc = c["reality-check"]["numbers"]["shrink"]["pr_wk"]
+    assert kc["n_lower"] == kc["n_seeds"] > 0
+    # with fewer than 5 seeds "lower in every seed" is not rare enough by chance to decide
+    assert c["reality-check"]["verdict"] == ("holds" if kc["n_seeds"] >= 5
+                                             else "not enough data")
     assert rep["scale"]["n_embd"] == [32] and rep["scale"]["lr"] == [0.003]
-    for window in ("collapse", "0.5"):
+    for window in ("late", "collapse", "0.5"):
         d = run_json("stats", "slopes", "--db", smoke_db, "--from", window)
         assert d["pr_q"]["n"] + d["pr_q"]["n_undefined"] == n_traj
 

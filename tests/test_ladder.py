@@ -101,7 +101,8 @@ def test_report_shows_the_ladder_column(tmp_path, monkeypatch):
     md = (tmp_path / "rep" / "report.md").read_text()
     row = next(ln for ln in md.splitlines() if ln.startswith("| 2-gap |"))
     assert row.endswith("| flips with the learning rate (at n_embd 64) (docs/findings.md) |")
-    assert "| claim | paper | measured | verdict | on the ladder |" in md
+    assert ("| claim | paper | measured | verdict | the rule's error rate and power | on the "
+            "ladder |") in md
     html = (tmp_path / "rep" / "report.html").read_text()
     assert "<th>on the ladder</th>" in html
     js = json.loads((tmp_path / "rep" / "report.json").read_text())

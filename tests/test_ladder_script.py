@@ -63,7 +63,7 @@ def test_ladder_script_tables_and_per_seed_copies(tmp_path: Path) -> None:
         err = con.execute("SELECT arm, seed FROM trials WHERE status = 'error'").fetchall()
         con.close()
         assert sorted(err) == [("none", 1 - seed)] * 6
-        assert set(cell["per_seed"][str(seed)]) == {"2-gap", "2-slopes", "2-slopes-collapse",
+        assert set(cell["per_seed"][str(seed)]) == {"2-gap", "2-slopes", "2-slopes-late",
                                                     "3"}
     assert hashlib.sha256(db.read_bytes()).hexdigest() == digest  # the cell's db unwritten
     assert "| claim | t |" in out.stdout and "| t | seed 0: 15/15, seed 1: 15/15 |" in out.stdout

@@ -25,8 +25,10 @@ def verdicts(out_dir) -> dict[str, str]:
 def planted_report(tmp_path_factory: pytest.TempPathFactory):
     d = tmp_path_factory.mktemp("rep")
     url = "sqlite:///" + str(d / "r.db")
-    make_synthetic_db(url, sweep="planted", seeds=5)
+    # six seeds: the two arms sharing a baseline are a family that 2^-n < 0.05 / 2 needs
+    make_synthetic_db(url, sweep="planted", seeds=6, link=1.0)
     write_pretrained_family(url)
+    write_pretrained_family(url, "synthetic/other")
     out = d / "report"
     r = invoke("report", "--db", url, "--out", str(out))
     assert r.exit_code == 0, r.output
@@ -39,7 +41,7 @@ def test_report_files_and_verdicts(planted_report):
                  "fig-intervention.png", "fig-correlation.png"):
         assert (out / name).stat().st_size > 500, name
     v = verdicts(out)
-    assert v == {"2-gap": "holds", "2-slopes": "holds", "2-slopes-collapse": "holds", "3": "holds",
+    assert v == {"2-gap": "holds", "2-slopes": "holds", "2-slopes-late": "holds", "3": "holds",
                  "4-shrink": "holds", "4-hold": "holds", "reality-check": "holds", "5": "holds"}
 
 
@@ -90,7 +92,7 @@ def test_report_negative_and_missing_data(tmp_path):
 def test_report_shrink_that_does_not_contract(tmp_path):
     url = "sqlite:///" + str(tmp_path / "w.db")
     # the paper's small-run finding: "shrink" raised W_K's PR above the baseline
-    make_synthetic_db(url, sweep="weak", seeds=5, depths=(2,), inits=("gaussian",),
+    make_synthetic_db(url, sweep="weak", seeds=6, depths=(2,), inits=("gaussian",),
                       key_effect={"shrink": 0.3, "hold": 0.5},
                       entropy_effect={"shrink": 0.1, "hold": 0.3})
     out = tmp_path / "rep"
@@ -110,7 +112,8 @@ def test_report_too_few_seeds_is_not_enough_data(tmp_path):
     assert v["4-shrink"] == v["4-hold"] == "not enough data"
     data = json.loads((out / "report.json").read_text())
     shrink = next(c for c in data["claims"] if c["key"] == "4-shrink")
-    assert "3 paired seeds" in shrink["measured"] and "fewer than 5" in shrink["measured"]
+    assert "3 paired seeds" in shrink["measured"]
+    assert "a family of 2 arms needs >= 6 paired seeds" in shrink["measured"]
 
 
 def test_report_out_is_a_file(tmp_path, planted_report):
@@ -133,8 +136,8 @@ def test_report_and_plot_json_output(planted_report, tmp_path):
     assert "4-shrink" in r.output and "holds" in r.output
 
 
-def test_report_correlation_needs_three_trials(tmp_path):
-    # two trials (two seeds, no arms): rho exists but a bootstrap over 2 trials is no CI
+def test_report_correlation_needs_enough_trials(tmp_path):
+    # two trials (two seeds, no arms): two orders, the smallest permutation p is 1/2
     url = "sqlite:///" + str(tmp_path / "two.db")
     make_synthetic_db(url, sweep="two", seeds=2, depths=(2,), inits=("gaussian",), arms=())
     out = tmp_path / "rep"
@@ -142,21 +145,23 @@ def test_report_correlation_needs_three_trials(tmp_path):
     assert verdicts(out)["3"] == "not enough data"
     data = json.loads((out / "report.json").read_text())
     c3 = next(c for c in data["claims"] if c["key"] == "3")
-    assert "over 2 trials" in c3["measured"] and "fewer than 3 trials" in c3["measured"]
+    assert "too few baseline trials" in c3["measured"]
 
 
-def test_report_correlation_rows_per_depth_with_cis(planted_report):
+def test_report_correlation_rows_the_verdict_pooled_and_arms(planted_report):
     _, out = planted_report
     md = (out / "report.md").read_text()
-    table = md.split("### Correlations across probes and runs", 1)[1].split("###", 1)[0]
-    rows = [r.split("|")[1:-1] for r in table.splitlines() if r.startswith("| pr_k | entropy")]
-    # overall then depths 2 and 3; every row with its trial count and a CI around rho
-    assert [r[2].strip() for r in rows] == ["all", "2", "3"]
-    trials = [int(r[3]) for r in rows]
-    assert trials[0] == sum(trials[1:]) == 40
-    for r in rows:
-        lo, rho, hi = float(r[6]), float(r[5]), float(r[7])
-        assert lo <= rho <= hi
+    table = md.split("### Correlations: across trials at the same step", 1)[1].split("###", 1)[0]
+    rows = [[c.strip() for c in r.split("|")[1:-1]] for r in table.splitlines()
+            if r.startswith("| pr_k | entropy")]
+    # the verdict's row (baseline, within strata), the pooled baseline row, one per arm
+    assert [r[2] for r in rows] == ["none (the verdict)", "none", "hold", "shrink"]
+    assert int(rows[0][4]) == 36 and float(rows[0][6]) < 0.05  # 2 depths x 3 inits x 6
+    lo, rho, hi = float(rows[1][7]), float(rows[1][5]), float(rows[1][8])
+    assert lo <= rho <= hi
+    data = json.loads((out / "report.json").read_text())
+    c3 = next(c for c in data["claims"] if c["key"] == "3")
+    assert "within-step Spearman(entropy, pr_k)" in c3["measured"]
 
 
 def test_report_states_its_scale_and_optimiser_beside_the_papers(tmp_path):
@@ -192,7 +197,7 @@ def test_report_states_its_scale_and_optimiser_beside_the_papers(tmp_path):
 
 def test_report_shrink_act_arm_and_the_job_table(tmp_path):
     url = "sqlite:///" + str(tmp_path / "a.db")
-    make_synthetic_db(url, sweep="act", seeds=5, depths=(2,), inits=("gaussian",),
+    make_synthetic_db(url, sweep="act", seeds=6, depths=(2,), inits=("gaussian",),
                       arms=("hold", "shrink", "shrink_act"),
                       key_effect={"shrink": -0.4, "hold": 0.4, "shrink_act": -0.5},
                       entropy_effect={"shrink": -0.3, "hold": 0.3, "shrink_act": -0.2})
@@ -202,14 +207,14 @@ def test_report_shrink_act_arm_and_the_job_table(tmp_path):
     assert v["4-shrink_act"] == v["reality-check-act"] == v["reality-check"] == "holds"
     data = json.loads((out / "report.json").read_text())
     act = next(c for c in data["claims"] if c["key"] == "4-shrink_act")
-    assert "achieved: W_K PR" in act["measured"] and "lower in 5 of 5" in act["measured"]
+    assert "achieved: W_K PR" in act["measured"] and "lower in 6 of 6" in act["measured"]
     md = (out / "report.md").read_text()
     job = md.split("### Did each arm do its job?", 1)[1].split("###", 1)[0]
     lines = [r for r in job.splitlines() if r.startswith("| ")]
     assert "entropy verdict" in lines[0] and "key PR_K: arm vs baseline" in lines[0]
     by_arm = {r.split("|")[1].strip(): r for r in lines[1:]}
     assert set(by_arm) == {"shrink", "hold", "shrink_act"}
-    assert "lower in 5 of 5" in by_arm["shrink"] and "lower in 0 of 5" in by_arm["hold"]
+    assert "lower in 6 of 6" in by_arm["shrink"] and "lower in 0 of 6" in by_arm["hold"]
     # a sweep without shrink_act has no shrink_act claims
     assert "4-shrink_act" not in verdicts(_planted_out(tmp_path))
 
@@ -225,10 +230,10 @@ def _planted_out(tmp_path):
 def test_report_shows_both_trend_windows(planted_report):
     _, out = planted_report
     md = (out / "report.md").read_text()
-    sec = md.split("### Trends from step 0 and from the end of the initial collapse", 1)[1]
+    sec = md.split("### Trends from step 0 and from progress 0.25", 1)[1]
     sec = sec.split("###", 1)[0]
-    assert "| statistic | paper | from step 0 | from the collapse |" in sec
-    assert "about +0.14" in sec and "PR_Q + PR_K" in sec
+    assert "| statistic | paper | from step 0 | from progress 0.25 |" in sec
+    assert "about +0.14" in sec and "fixed before the data are seen" in sec
     data = json.loads((out / "report.json").read_text())
-    c = next(c for c in data["claims"] if c["key"] == "2-slopes-collapse")
-    assert c["numbers"]["window"] == "collapse" and c["numbers"]["collapse_points"]["n"] == 15
+    c = next(c for c in data["claims"] if c["key"] == "2-slopes-late")
+    assert c["numbers"]["window"] == "late" and c["verdict"] == "holds"

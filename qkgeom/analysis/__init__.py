@@ -46,6 +46,7 @@ from qkgeom.analysis.correlation import (
     correlate,
     correlation_points,
     metric_points,
+    within_step_correlation,
 )
 from qkgeom.analysis.gap import (
     SignTestReport,
@@ -103,5 +104,5 @@ __all__ = [
     "pretrained_models", "require_pairs", "require_rows", "resolve_sweep", "select_trials",
     "sign_test", "slopes", "study_scale", "summarise_gap", "sweep_names", "test_loss_pairs",
     "trajectory_frame", "trial_rows", "trials", "unit_keys", "verdict_p", "window_label",
-    "window_units", "wide",
+    "window_units", "wide", "within_step_correlation",
 ]

@@ -22,12 +22,17 @@ class CheckpointTrendReport:
     by_layer: list[dict[str, Any]]
     link: dict[str, Any] | None  # Spearman of interaction rank vs entropy
     n_layers: int
+    split: stats.SplitTrend | None = None  # the verdict's pre-specified halves
+    stratified_link: stats.StratifiedLink | None = None  # the verdict's link (per checkpoint)
 
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model, "statistic": "PR_Q - PR_K (layer-level, mean over "
                 "layers for overall)", **self.overall.to_dict(), "n_layers": self.n_layers,
                 "n_layers_rise_then_decay": sum(r["rises_then_decays"] for r in self.by_layer),
-                "by_layer": self.by_layer, "rank_entropy_link": self.link}
+                "by_layer": self.by_layer, "rank_entropy_link": self.link,
+                "split_trend": self.split.to_dict() if self.split else None,
+                "stratified_link": (self.stratified_link.to_dict()
+                                    if self.stratified_link else None)}
 
 
 def checkpoint_trend(store: Store, model: str, *, link_x: str = "qk_erank",
@@ -61,11 +66,18 @@ def checkpoint_trend(store: Store, model: str, *, link_x: str = "qk_erank",
         by_layer.append({"layer": layer, **{k: v for k, v in r.items()
                                              if k not in ("steps", "values")}})
     by_layer.sort(key=lambda r: r["layer"])
-    link = None
+    from qkgeom.stats import rules
+
+    split = rules.split_trend(per_step["step"].to_numpy(), per_step["gap"].to_numpy(),
+                              rng=make_rng(0, 5))
+    link, slink = None, None
     lw = wide(df.filter(pl.col("metric").is_in([link_x, link_y])), [link_x, link_y],
                ["revision", "layer"])
     if lw.height >= 3:
         r = stats.spearman_ci(lw[link_x].to_numpy(), lw[link_y].to_numpy(), n_boot=1000,
                               rng=make_rng(0))
         link = {"x": link_x, "y": link_y, **r.to_dict()}
-    return CheckpointTrendReport(model, overall, by_layer, link, int(w["layer"].n_unique()))
+        slink = rules.stratified_link(lw[link_x].to_numpy(), lw[link_y].to_numpy(),
+                                      lw["revision"].to_numpy(), rng=make_rng(0, 6))
+    return CheckpointTrendReport(model, overall, by_layer, link, int(w["layer"].n_unique()),
+                                 split, slink)

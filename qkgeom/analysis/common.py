@@ -13,7 +13,7 @@ from qkgeom.errors import QkgeomError
 
 BASELINE_ARM = "none"
 SUMMARIES = ("final", "mean", "all")
-TREND_WINDOWS = ("start", "collapse")  # or a progress value in [0, 1): see parse_window
+TREND_WINDOWS = ("start", "late", "collapse")  # or a progress value in [0, 1): parse_window
 LEVELS = ("trajectory", "run")
 DEFAULT_LAST_PROBES = 3  # paired deltas average each trial's last N probes (--window N)
 # The paper's predictions, arm -> sign of (arm - baseline) for entropy and key PR.

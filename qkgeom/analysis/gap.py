@@ -22,6 +22,7 @@ from qkgeom.analysis.common import (
     wide,
 )
 from qkgeom.analysis.trials import select_trials
+from qkgeom.stats.rules import LATE_FROM
 from qkgeom.store.queries import layer_values
 
 if TYPE_CHECKING:
@@ -83,9 +84,13 @@ def parse_window(value: str | float) -> str | float:
 def window_label(window: str | float) -> str:
     if window == "start":
         return "from step 0"
+    if window == "late":
+        return (f"from progress {LATE_FROM:g} (pre-specified: after the warm-up and the "
+                "initial collapse, not chosen from the values tested)")
     if window == "collapse":
         return ("from the end of the initial collapse (per unit: the probe with the lowest "
-                f"PR_Q + PR_K at progress <= {stats.COLLAPSE_SEARCH:g})")
+                f"PR_Q + PR_K at progress <= {stats.COLLAPSE_SEARCH:g}; descriptive only: a "
+                "window starting at a trajectory's own minimum biases later slopes upward)")
     return f"from progress {float(window):g}"
 
 
@@ -110,12 +115,15 @@ def window_units(units: pl.DataFrame, window: str | float, *, level: str
                  ) -> tuple[pl.DataFrame, pl.DataFrame | None]:
     """The probes of each unit inside a trend window, and the collapse points (or None).
 
-    ``start``: every probe; ``collapse``: the probes at and after the unit's collapse
-    point; a float ``f``: the probes with progress >= f.
+    ``start``: every probe; ``late``: the probes with progress >= :data:`LATE_FROM` (the
+    verdicts' window); ``collapse``: the probes at and after the unit's collapse point; a
+    float ``f``: the probes with progress >= f.
     """
     window = parse_window(window)
     if window == "start":
         return units, None
+    if window == "late":
+        return units.filter(pl.col("progress") >= LATE_FROM - 1e-12), None
     if window == "collapse":
         cp = collapse_points(units, level=level)
         keys = unit_keys(level)
@@ -199,7 +207,9 @@ def sign_test(store: Store, sweep: str, *, summary: str = "final", level: str = 
         r = stats.sign_test(part["value"].to_numpy())
         cells.append(dict(depth=d, init=i, n=r.n, n_positive=r.n_positive,
                           n_zero=r.n_zero, p_value=r.p_value))
-    by_cell = pl.DataFrame(cells).sort(["depth", "init"])
+    by_cell = pl.DataFrame(cells, schema={  # empty when the window holds no probe yet
+        "depth": pl.Int64, "init": pl.String, "n": pl.Int64, "n_positive": pl.Int64,
+        "n_zero": pl.Int64, "p_value": pl.Float64}).sort(["depth", "init"])
     return SignTestReport(sweep, level, summary, res, by_cell, s, window, collapse_summary(cp))
 
 

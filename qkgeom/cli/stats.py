@@ -35,10 +35,12 @@ def sweep_options(f: Callable) -> Callable:
 
 def window_option(f: Callable) -> Callable:
     return click.option(
-        "--from", "window", default="start", show_default=True, metavar="start|collapse|P",
-        help="trend window: every probe (start); from each unit's end of the initial "
-             "collapse, the probe with the lowest PR_Q + PR_K in the first half of training "
-             "(collapse); or from training progress P in [0, 1)")(f)
+        "--from", "window", default="start", show_default=True,
+        metavar="start|late|collapse|P",
+        help="trend window: every probe (start); from training progress 0.25, the "
+             "report's pre-specified window (late); from each unit's own minimum of PR_Q + "
+             "PR_K in the first half of training (collapse: descriptive, it biases later "
+             "slopes upward); or from training progress P in [0, 1)")(f)
 
 
 def _store(db: str | None) -> Store:

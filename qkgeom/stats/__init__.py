@@ -37,11 +37,13 @@ from qkgeom.stats.effects import (
     slopes,
 )
 from qkgeom.stats.rank_correlation import SpearmanResult, spearman, spearman_ci
+from qkgeom.stats.rules import SplitTrend, StratifiedCorrelation, StratifiedLink
 from qkgeom.stats.trend import TrendResult, checkpoint_trend
 
 __all__ = [
     "COLLAPSE_SEARCH", "MIN_BOOT_DIRECTIONAL", "DirectionalResult", "ResultDict",
-    "SignTestResult", "SlopesResult", "SpearmanResult", "TrendResult", "bca_interval",
+    "SignTestResult", "SlopesResult", "SpearmanResult", "SplitTrend", "StratifiedCorrelation",
+    "StratifiedLink", "TrendResult", "bca_interval",
     "binom_tail_half", "bootstrap_means", "checkpoint_trend", "collapse_index",
     "directional_confidence", "finite_values", "ols_line", "sign_test", "slopes", "spearman",
     "spearman_ci",

@@ -272,9 +272,9 @@ def calibrate(reps: int = 2000, *, seed: int = 0, retired: bool = True,
         add(name, "collapse-flat + slopes +-1", "power", "slope 1 per run (2.5 sd)", slow,
             lambda g, name=name: claim2_verdicts(*trajectories(g, slope=1.0))[name]
             == R.HOLDS)
-    add("3", "trials-shared-trend", "null", "-", slow,
+    add("3", "trials-shared-trend", "null", "-", reps,
         lambda g: claim3_verdict(g) == R.HOLDS)
-    add("3", "trials-shared-trend, only the rank linked (rho 0.9)", "null", "-", slow,
+    add("3", "trials-shared-trend, only the rank linked (rho 0.9)", "null", "-", reps,
         lambda g: claim3_verdict(g, 0.9, 0.0) == R.HOLDS)
     add("3", "trials-shared-trend + trial effects rho 0.6", "power", "rho 0.6", slow,
         lambda g: claim3_verdict(g, 0.6) == R.HOLDS)
@@ -300,7 +300,7 @@ def calibrate(reps: int = 2000, *, seed: int = 0, retired: bool = True,
             lambda g, n=n: R.all_lower_rule(g.normal(0, 1, n)) == R.HOLDS)
         add("reality-check", f"paired, {n} seeds, effect 2 sd", "power", "2 sd", reps,
             lambda g, n=n: R.all_lower_rule(g.normal(-2, 1, n)) == R.HOLDS)
-    for n in (5, 8, 10, 15, 20, 30):
+    for n in (6, 8, 10, 15, 20, 30):
         add("5 (one model)", f"iid-checkpoints, {n}", "null", "-", slow,
             lambda g, n=n: claim5_trend(g, n)[1][0])
         add("5-trend (several of 3)", f"iid-checkpoints, {n}", "null", "-", slow,
@@ -310,9 +310,68 @@ def calibrate(reps: int = 2000, *, seed: int = 0, retired: bool = True,
         if retired:
             add("5 (retired)", f"iid-checkpoints, {n}", "null", "-", reps,
                 lambda g, n=n: claim5_retired(g, n))
-    for n in (5, 10, 30):
+    for n in (6, 10, 30):
         add("5-link (one model)", f"shared trend, {n} checkpoints", "null", "-", slow,
             lambda g, n=n: link_holds(g, n))
         add("5-link (one model)", f"rho 0.3, {n} checkpoints", "power", "rho 0.3", slow,
             lambda g, n=n: link_holds(g, n, 0.3))
     return rows
+
+
+# --------------------------------------------------------------------------- the record
+
+RECORD = "calibration.json"  # beside this module, written by benchmarks/calibration.py
+CLAIM_RULES = {"2-gap": ["2-gap"], "2-slopes": ["2-slopes"], "2-slopes-late": ["2-slopes-late"],
+               "3": ["3"], **{f"4-{a}": [f"4-{b}" for b in ARMS] + ["4 (any arm)"] for a in ARMS},
+               "reality-check": ["reality-check"],
+               "reality-check-act": ["reality-check"],
+               "5": ["5-trend (several of 3)", "5-link (one model)"]}
+
+
+def load_record() -> dict[str, Any] | None:
+    """The recorded calibration (None when it was never run in this checkout)."""
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).with_name(RECORD)
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def rule_error(key: str, record: dict[str, Any] | None, *, n_seeds: int | None = None
+               ) -> str:
+    """One line for a claim: its rule's largest false-holds rate over the recorded nulls
+    (with the Monte Carlo upper bound) and its power at the planted effects. For seed-based
+    rules, the rows at the claim's seed count (and the seeds a 1-sd effect needs)."""
+    if record is None or key not in CLAIM_RULES:
+        return "not calibrated (run benchmarks/calibration.py)"
+    rows = [r for r in record["rows"] if r["rule"] in CLAIM_RULES[key]]
+    seeded = key.startswith("4-") or key.startswith("reality")
+    if seeded:
+        tag = f", {n_seeds} seeds"
+        here = [r for r in rows if tag in r["scenario"] or r["scenario"].endswith(
+            f"{n_seeds} seeds")]
+        if not here:
+            return f"not calibrated at {n_seeds} seeds (run benchmarks/calibration.py)"
+    else:
+        here = rows
+    nulls = [r for r in here if r["kind"] == "null"]
+    power = [r for r in here if r["kind"] == "power"]
+    if not nulls:
+        return "not calibrated"
+    worst = max(nulls, key=lambda r: r["rate"])
+    text = (f"false holds <= {_pct(worst['rate'])} (95% MC bound {_pct(worst['ci_high'])}) "
+            f"under {len(nulls)} null(s)")
+    if power:
+        text += "; power " + ", ".join(f"{_pct(r['rate'])} at {r['effect']}" for r in power)
+    if key.startswith("4-"):
+        need = sorted(int(r["scenario"].split(", ")[1].split()[0]) for r in rows
+                      if r["kind"] == "power" and r["effect"] == "1.0 sd" and r["rate"] >= 0.8)
+        text += ("; >= 80% power at 1 sd needs " + (f"{need[0]} seeds" if need else
+                 "more seeds than calibrated"))
+    return text

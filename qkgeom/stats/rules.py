@@ -94,6 +94,7 @@ class StratifiedCorrelation(ResultDict):
     n_trials: int
     n_strata: int
     n_perm: int
+    min_p: float = 1.0  # the smallest p the design allows: 1 / prod(n_trials_g!)
 
 
 def _group_grams(x_groups: list[np.ndarray], y_groups: list[np.ndarray]
@@ -129,6 +130,7 @@ def trial_permutation_p(x_groups: list[np.ndarray], y_groups: list[np.ndarray], 
     n_strata = sum(k[0].shape[1] for k in keep)
     if den == 0:
         return StratifiedCorrelation(math.nan, 1.0, n_trials, n_strata, 0)
+    orders = math.prod(math.factorial(g.shape[0]) for g in grams)
     obs = sum(float(np.trace(g)) for g in grams) / den
     perm = np.zeros(n_perm)
     for g in grams:
@@ -137,7 +139,7 @@ def trial_permutation_p(x_groups: list[np.ndarray], y_groups: list[np.ndarray], 
         perm += g[np.arange(n)[None, :], idx].sum(axis=1)
     perm /= den
     p = (1 + int((perm >= obs - 1e-12).sum())) / (1 + n_perm)
-    return StratifiedCorrelation(obs, p, n_trials, n_strata, n_perm)
+    return StratifiedCorrelation(obs, p, n_trials, n_strata, n_perm, 1.0 / orders)
 
 
 def both_rule(p_values: list[float], alpha: float = ALPHA) -> str:
@@ -249,7 +251,10 @@ class SplitTrend(ResultDict):
     rises_then_decays: bool
 
 
-MIN_CHECKPOINTS = 5
+# With 5 checkpoints the halves share the middle one and the most extreme ordering has
+# exact p = 6/120 = 0.05, so no series could pass; 6 is the fewest that can (20/720).
+MIN_CHECKPOINTS = 6
+EXACT_ORDERS = 8  # the trend's permutation null is enumerated exactly up to 8! orders
 
 
 def _row_spearman_vs_position(v: np.ndarray) -> np.ndarray:
@@ -267,7 +272,8 @@ def _row_spearman_vs_position(v: np.ndarray) -> np.ndarray:
 def split_trend(steps: Any, values: Any, *, rng: np.random.Generator,
                 n_perm: int = N_PERM, alpha: float = ALPHA) -> SplitTrend:
     """Rises in the first half of the checkpoints and decays in the second, tested against
-    the null of exchangeable checkpoints (i.i.d. values) by permuting the values."""
+    the null of exchangeable checkpoints (i.i.d. values) by permuting the values: every
+    order up to :data:`EXACT_ORDERS` checkpoints, ``n_perm`` random ones above."""
     s = np.asarray(steps, dtype=float).ravel()
     v = np.asarray(values, dtype=float).ravel()
     keep = np.isfinite(s) & np.isfinite(v)
@@ -283,9 +289,14 @@ def split_trend(steps: Any, values: Any, *, rng: np.random.Generator,
 
     e, lt = stat(v[None, :])
     obs = float(e[0] - lt[0])
-    perms = rng.permuted(np.tile(v, (n_perm, 1)), axis=1)
-    pe, pl = stat(perms)
-    p = (1 + int(((pe - pl) >= obs - 1e-12).sum())) / (1 + n_perm)
+    if n <= EXACT_ORDERS:
+        import itertools
+
+        pe, pl = stat(v[np.array(list(itertools.permutations(range(n))))])
+        p = float(((pe - pl) >= obs - 1e-12).mean())
+    else:
+        pe, pl = stat(rng.permuted(np.tile(v, (n_perm, 1)), axis=1))
+        p = (1 + int(((pe - pl) >= obs - 1e-12).sum())) / (1 + n_perm)
     return SplitTrend(n, float(e[0]), float(lt[0]), obs, p,
                       bool(e[0] > 0 and lt[0] < 0 and p < alpha))
 
