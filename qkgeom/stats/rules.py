@@ -254,7 +254,7 @@ class SplitTrend(ResultDict):
 # With 5 checkpoints the halves share the middle one and the most extreme ordering has
 # exact p = 6/120 = 0.05, so no series could pass; 6 is the fewest that can (20/720).
 MIN_CHECKPOINTS = 6
-EXACT_ORDERS = 8  # the trend's permutation null is enumerated exactly up to 8! orders
+EXACT_ORDERS = 7  # the trend's permutation null is enumerated exactly up to 7! orders
 
 
 def _row_spearman_vs_position(v: np.ndarray) -> np.ndarray:
