@@ -311,8 +311,8 @@ def calibrate(reps: int = 2000, *, seed: int = 0, retired: bool = True,
             add("5 (retired)", f"iid-checkpoints, {n}", "null", "-", reps,
                 lambda g, n=n: claim5_retired(g, n))
     for n in (6, 10, 30):
-        add("5-link (one model)", f"shared trend, {n} checkpoints", "null", "-", slow,
-            lambda g, n=n: link_holds(g, n))
+        add("5-link (one model)", f"shared trend, {n} checkpoints", "null", "-", 2 * reps,
+            lambda g, n=n: link_holds(g, n, n_boot=200))
         add("5-link (one model)", f"rho 0.3, {n} checkpoints", "power", "rho 0.3", slow,
             lambda g, n=n: link_holds(g, n, 0.3))
     return rows
