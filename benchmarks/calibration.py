@@ -8,7 +8,10 @@ under each null model, and its power at planted effects, with Monte Carlo 95% in
 It prints one row per (rule, scenario) and a markdown table, and records the rows in
 ``qkgeom/stats/calibration.json`` with the commit they were measured at; ``qkgeom report``
 prints each verdict's rule rate from that record. Exit status 1 when a rule's false-holds
-rate or its upper 95% bound is above the acceptance limits (5% / 7%).
+rate is shown to be above 5% (its whole Wilson 95% interval above 5%) or its upper 95% bound
+is above 7%. An exact-size test (a sign-flip or permutation p at exactly 5%) has an estimate
+above 5% in about half of all calibrations by Monte Carlo noise alone; such rows are listed
+apart.
 """
 
 from __future__ import annotations
@@ -59,13 +62,21 @@ def main() -> int:
     wall = time.perf_counter() - t0
     print()
     print(markdown(rows))
-    bad = [r for r in rows if r["kind"] == "null" and "retired" not in r["rule"]
-           and (r["rate"] > 0.05 or r["ci_high"] > 0.07)]
-    print(f"\n{len(rows)} rows in {wall:.0f} s; rules over the limits (rate > 5% or upper "
-          f"bound > 7%): {', '.join(r['rule'] + ' / ' + r['scenario'] for r in bad) or 'none'}")
+    current = [r for r in rows if r["kind"] == "null" and "retired" not in r["rule"]]
+    bad = [r for r in current if r["ci_low"] > 0.05 or r["ci_high"] > 0.07]
+    noise = [r for r in current if r["rate"] > 0.05 and r not in bad]
+    name = ", ".join
+    print(f"\n{len(rows)} rows in {wall:.0f} s; rules over the limits (whole 95% interval "
+          f"above 5%, or upper bound > 7%): "
+          f"{name(r['rule'] + ' / ' + r['scenario'] for r in bad) or 'none'}")
+    if noise:
+        print("estimate above 5% but its interval covers 5% (Monte Carlo noise around an "
+              "exact-size test, or a rule to watch): "
+              + name(f"{r['rule']} / {r['scenario']} {100 * r['rate']:.2f}%" for r in noise))
     if not a.no_record:
         rec = {"commit": _git("rev-parse", "HEAD") or "unknown",
-               "dirty": bool(_git("status", "--porcelain", "--", "qkgeom/stats")),
+               "dirty": bool(_git("status", "--porcelain", "--", "qkgeom/stats",
+                                   f":(exclude)qkgeom/stats/{C.RECORD}")),
                "date": dt.date.today().isoformat(), "reps": a.reps, "seed": a.seed,
                "wall_s": round(wall, 1), "rows": rows}
         path = ROOT / "qkgeom" / "stats" / C.RECORD

@@ -370,6 +370,9 @@ def stratified_link(x: Any, y: Any, checkpoints: Any, *, rng: np.random.Generato
     boot = boot[np.isfinite(boot)]
     lo, hi = (np.quantile(boot, [(1 - ci) / 2, (1 + ci) / 2]) if boot.size
               else (math.nan, math.nan))
-    p = sign_flip_p(ratio(a), 1)
+    # fresh sign vectors from the caller's generator: with a new set per call the
+    # Monte Carlo p (1 + count) / (1 + B) is a valid p-value (P(p <= a) <= a); one fixed
+    # set for every call is only approximately so
+    p = sign_flip_p(ratio(a), 1, rng=rng)
     return StratifiedLink(rho, p, float(lo), float(hi), n_c, int(x.size), n_boot,
                           bool(n_c >= MIN_CHECKPOINTS and p < ALPHA))
