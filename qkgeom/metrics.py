@@ -158,19 +158,85 @@ def attention_entropy(pattern: Tensor, visible: Tensor) -> tuple[Tensor, Tensor]
     return raw, norm
 
 
-def logit_effective_rank(logits: Tensor, visible: Tensor) -> Tensor:
-    """Effective rank of each head's token-level logit matrix, mean over the batch.
+# A head whose centred scores are at most this fraction of its scores (Frobenius norms) has
+# rows that are constant up to round-off: its softmax is uniform and token_effective_rank
+# gives the effective rank's floor, 1 (see there).
+TOKEN_ERANK_FLAT_RTOL = 1e-10
 
-    ``logits``: ``[B, H, T, S]`` pre-softmax scores; masked entries (``~visible``) are set
-    to 0 before the SVD, so a causal matrix is lower-triangular. Returns ``[H]``.
+
+def token_effective_rank(q: Tensor, k: Tensor, kv_of: Tensor | None = None,
+                         real: Tensor | None = None) -> Tensor:
+    """Effective rank of each head's token-level interaction, mean over the batch: ``[H]``.
+
+    Per sequence and head the score matrix is ``S = Q K^T`` (``[T, S]``, unmasked, unscaled:
+    the effective rank ``exp(H(s / sum s))`` of the singular values ``s`` is scale-free, so
+    ``1/sqrt(d_head)`` does not matter). Softmax ignores a constant added to a row of logits,
+    so the part of ``S`` that can move attention is the row-centred ``S J``
+    (``J = I - 11^T / S`` centres over keys), and ``S J = Q K_c^T`` with the keys centred
+    over the sequence, ``K_c = K - mean_t K``. The value is the effective rank of ``S J``:
+
+    * invariant to per-row additive constants of the logits (``S + c 1^T`` centres to the
+      same ``S J``), hence to the causal mask's offsets and to anything else softmax ignores
+      row by row;
+    * at most ``rank(S J) <= rank(S) <= d_head`` (for a rank-``r`` score matrix, at most
+      ``r`` up to round-off);
+    * exactly 1 when every row of ``S`` is constant (constant logits: uniform attention).
+      There ``S J`` is 0, its normalised spectrum is 0/0; the value is defined as 1, the
+      effective rank's floor (one direction, the most concentrated interaction), because
+      the limit of a vanishing perturbation could be anything and a row-constant head is the
+      least rich interaction there is. "Constant" means ``||S J||_F <=``
+      :data:`TOKEN_ERANK_FLAT_RTOL` ``* ||S||_F``, which covers the round-off of centring
+      identical keys (and ``S = 0``).
+
+    The causal mask is not applied: the metric describes what the head's queries and keys
+    can express over the whole sequence, not which of those entries a query may use.
+
+    Computed from ``d_head``-sized factors, never a ``T x T`` matrix: with thin QR
+    ``Q = U_q R_q`` and ``K_c = U_k R_k`` (``mode="r"``: only ``R``, ``[min(T, dh), dh]``),
+    ``S J = U_q (R_q R_k^T) U_k^T`` has the singular values of the small core
+    ``R_q R_k^T``. ``||S||_F^2 = ||S J||_F^2 + n ||R_q m||^2`` (``m`` the key mean, ``n`` the
+    keys) gives the constant-rows test without the uncentred keys' factor. float64.
+
+    ``q``: ``[B, H, T, dh]``; ``k``: ``[B, H_kv, S, dh]``, the vectors that meet in the
+    attention product (post-rotary for rotary models). ``kv_of``: with grouped keys
+    (``H_kv < H``), query head ``h`` pairs with key head ``kv_of[h]`` (each key head is
+    factored once); ``None`` pairs head ``h`` with ``h``. ``real``: ``[B, T]`` bool, False
+    at padding (needs ``S == T``): padded positions drop out as queries and as keys (the key
+    mean is over real keys). A sequence without a real token has no score matrix: NaN,
+    which then makes its heads' batch mean NaN.
     """
-    a = logits.detach().double()
-    a = torch.where(visible.to(torch.bool).expand_as(a), a, torch.zeros((), dtype=a.dtype))
-    s = torch.linalg.svdvals(a)  # (B, H, min(T, S))
-    total = s.sum(-1, keepdim=True)
-    p = s / total.clamp_min(1e-300)
-    er = torch.exp(-torch.special.xlogy(p, p).sum(-1))  # (B, H)
-    er = torch.where(total.squeeze(-1) > 0, er, torch.full_like(er, math.nan))
+    q = q.detach().double()
+    k = k.detach().double()
+    b, nh, t, _ = q.shape
+    nkv, s_len = k.shape[1], k.shape[2]
+    if kv_of is None and nkv != nh:
+        raise ValueError(f"{nh} query heads and {nkv} key heads need kv_of")
+    if real is None:
+        n = torch.full((b, 1), float(s_len), dtype=torch.float64, device=q.device)
+        mean = k.mean(-2, keepdim=True)  # (B, H_kv, 1, dh)
+        kc = k - mean
+    else:
+        if s_len != t:
+            raise ValueError(f"real masks {t} positions but there are {s_len} keys")
+        w = real.to(q.device, torch.float64)  # (B, T)
+        n = w.sum(-1, keepdim=True)  # (B, 1) real tokens per sequence
+        w4 = w[:, None, :, None]
+        mean = (k * w4).sum(-2, keepdim=True) / n.clamp_min(1)[:, :, None, None]
+        kc = (k - mean) * w4  # padded keys are 0: they add nothing to Q K_c^T
+        q = q * w4  # and so are padded queries
+    r_q = torch.linalg.qr(q, mode="r").R  # (B, H, min(T, dh), dh)
+    r_k = torch.linalg.qr(kc, mode="r").R  # (B, H_kv, min(S, dh), dh)
+    if kv_of is not None:
+        r_k = r_k.index_select(-3, kv_of)
+        mean = mean.index_select(-3, kv_of)
+    sv = torch.linalg.svdvals(r_q @ r_k.mT)  # (B, H, min(T, S, dh))
+    centred2 = (sv * sv).sum(-1)  # ||S J||_F^2
+    whole2 = centred2 + n * (r_q @ mean.mT).square().sum((-2, -1))  # ||S||_F^2
+    er = effective_rank_t(sv)
+    flat = centred2 <= TOKEN_ERANK_FLAT_RTOL ** 2 * whole2  # rows constant (or S = 0)
+    er = torch.where(flat, torch.ones_like(er), er)
+    if real is not None:
+        er = torch.where(n > 0, er, torch.full_like(er, math.nan))
     return er.mean(0)
 
 

@@ -29,7 +29,8 @@ METRIC_TITLES = {
     "entropy_norm": "normalised entropy",
     "qk_pr": "PR of W_Q W_K^T",
     "qk_erank": "eff. rank of W_Q W_K^T",
-    "logit_erank": "eff. rank of logits",
+    "token_erank": "eff. rank of token interaction",
+    "logit_erank": "eff. rank of masked logits (retired)",  # rows of older databases
     "wk_target_pr": "W_K target PR",
 }
 

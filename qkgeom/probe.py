@@ -1,7 +1,7 @@
 """One probe of qkgeom's own GPT: hooks in, metric rows out.
 
-Runs the model's explicit-softmax path on the fixed probe batch, captures q, k, the
-scaled scores and the pattern of every layer through the hook points, and turns them into
+Runs the model's explicit-softmax path on the fixed probe batch, captures q, k and the
+pattern of every layer through the hook points, and turns them into
 long rows ``(layer, head | None, name, value)`` (see :data:`qkgeom.records.METRICS`).
 """
 
@@ -103,7 +103,7 @@ def probe_model(model: GPT, x: Tensor) -> list[Row]:
     """
     layers = model.attn_layers()
     points = {(li, name): getattr(a, f"hook_{name}")
-              for li, a in enumerate(layers) for name in ("q", "k", "scores", "pattern")}
+              for li, a in enumerate(layers) for name in ("q", "k", "pattern")}
     was_training = model.training
     model.eval()
     try:
@@ -117,21 +117,20 @@ def probe_model(model: GPT, x: Tensor) -> list[Row]:
     t = x.shape[1]
     vis = M.causal_visible(t, device=x.device)  # (T, T)
     for li in range(len(layers)):
-        cap = {name: captured[li, name] for name in ("q", "k", "scores", "pattern")}
+        cap = {name: captured[li, name] for name in ("q", "k", "pattern")}
         q, k = cap["q"].float(), cap["k"].float()  # (B, nh, T, hs)
         b, nh, _, hs = q.shape
         rows.add(li, None, "pr_q", M.activation_pr_t(q.transpose(1, 2).reshape(-1, nh * hs)))
         rows.add(li, None, "pr_k", M.activation_pr_t(k.transpose(1, 2).reshape(-1, nh * hs)))
         ent, ent_n = M.attention_entropy(cap["pattern"].float(), vis)  # (nh,), (nh,)
-        logits = torch.where(vis, cap["scores"].float(), 0.0)  # -inf masked -> 0
-        erank = M.logit_effective_rank(logits, vis)  # (nh,)
+        erank = M.token_effective_rank(q, k)  # (nh,) from d_head-sized factors
         for h in range(nh):
             rows.add(li, h, "pr_q", M.activation_pr_t(q[:, h].reshape(-1, hs)))
             rows.add(li, h, "pr_k", M.activation_pr_t(k[:, h].reshape(-1, hs)))
             rows.add(li, h, "entropy", ent[h])
             rows.add(li, h, "entropy_norm", ent_n[h])
-            rows.add(li, h, "logit_erank", erank[h])
+            rows.add(li, h, "token_erank", erank[h])
         rows.add(li, None, "entropy", ent.mean())
         rows.add(li, None, "entropy_norm", ent_n.mean())
-        rows.add(li, None, "logit_erank", erank.mean())
+        rows.add(li, None, "token_erank", erank.mean())
     return rows.read()

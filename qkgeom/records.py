@@ -28,9 +28,11 @@ METRICS: dict[str, dict[str, Any]] = {
                   "W_Q^h (W_K^h)^T, computed in factored form; layer: mean over heads"),
     "qk_erank": dict(per_head=True, unit="dims", doc="effective rank exp(H(s/sum s)) of the "
                      "singular values of W_Q^h (W_K^h)^T; layer: mean over heads"),
-    "logit_erank": dict(per_head=True, unit="dims", doc="effective rank of the token-level "
-                        "pre-softmax logit matrix q k^T / sqrt(d_head) (causal mask applied as "
-                        "zeros), mean over probe sequences; layer: mean over heads"),
+    "token_erank": dict(per_head=True, unit="dims", doc="effective rank exp(H(s/sum s)) of "
+                        "the row-centred token-level score matrix Q K_c^T (keys centred over "
+                        "the sequence, so per-row logit constants, which softmax ignores, drop "
+                        "out; unmasked), from d_head-sized factors; 1 when every row is "
+                        "constant; mean over probe sequences; layer: mean over heads"),
     "entropy": dict(per_head=True, unit="nats", doc="attention entropy -sum p log p over "
                     "visible keys, mean over query rows with >= 2 visible keys; layer: mean "
                     "over heads"),

@@ -14,7 +14,7 @@ reads a real sweep. The planted structure (``progress`` p in [0, 1]):
   effect (when ``jitter < 1``).
 * ``pr_wk = 60 - 50 p`` and the activation ``pr_k`` are scaled by
   ``1 + key_effect[arm] * p`` in an arm (the "did shrink contract the keys" check).
-* ``qk_erank`` and ``logit_erank`` rise with pr_k; head rows (``n_heads``) spread the
+* ``qk_erank`` and ``token_erank`` rise with pr_k; head rows (``n_heads``) spread the
   layer value by +-``head_spread`` so their mean is the layer value.
 
 The function takes any database URL, so it can also append a synthetic sweep to a copy

@@ -282,7 +282,7 @@ def test_too_few_seeds_says_how_many(tmp_path):
 def test_unknown_metric_lists_valid(planted):
     code, out = run("stats", "correlate", "--db", planted, "--x", "pr_z", "--y", "entropy")
     assert code == 1 and "unknown metric 'pr_z'" in out
-    assert "pr_k" in out and "logit_erank" in out
+    assert "pr_k" in out and "token_erank" in out
     code, out = run("stats", "directional-confidence", "--db", planted, "--arm", "shrink",
                     "--metric", "entropyy")
     assert code == 1 and "unknown metric 'entropyy'" in out

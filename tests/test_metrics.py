@@ -120,19 +120,137 @@ def test_attention_entropy_ignores_nan_in_masked_entries():
     assert torch.allclose(raw, raw2)
 
 
-def test_logit_effective_rank_matches_numpy():
-    b, h, t = 2, 3, 6
-    vis = np.tril(np.ones((t, t), dtype=bool))
-    a = RNG.standard_normal((b, h, t, t))
-    got = M.logit_effective_rank(torch.tensor(a), torch.tensor(vis)).numpy()
-    ref = np.zeros(h)
-    for hi in range(h):
-        vals = []
-        for bi in range(b):
-            s = np.linalg.svd(np.where(vis, a[bi, hi], 0.0), compute_uv=False)
-            vals.append(np.exp(scipy.stats.entropy(s / s.sum())))
-        ref[hi] = np.mean(vals)
+def np_erank(s: np.ndarray) -> float:
+    return float(np.exp(scipy.stats.entropy(s / s.sum())))
+
+
+def np_token_erank(q: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """The reference: numpy's SVD of each explicit row-centred ``S = Q K^T``, mean over B."""
+    b, h = q.shape[:2]
+    out = np.zeros((b, h))
+    for bi in range(b):
+        for hi in range(h):
+            s_mat = q[bi, hi] @ k[bi, hi].T
+            out[bi, hi] = np_erank(np.linalg.svd(s_mat - s_mat.mean(axis=1, keepdims=True),
+                                                 compute_uv=False))
+    return out.mean(0)
+
+
+def _qk(b=2, h=3, t=24, dh=8, seed=0):
+    g = np.random.default_rng(seed)
+    return g.standard_normal((b, h, t, dh)), g.standard_normal((b, h, t, dh)) + 0.7
+
+
+def test_token_erank_is_the_erank_of_the_row_centred_score_matrix():
+    q, k = _qk()
+    got = M.token_effective_rank(torch.tensor(q), torch.tensor(k)).numpy()
+    np.testing.assert_allclose(got, np_token_erank(q, k), rtol=1e-10)
+    # scale-free: the 1/sqrt(d_head) of the logits changes nothing
+    got_scaled = M.token_effective_rank(torch.tensor(q) / 8 ** 0.5, torch.tensor(k)).numpy()
+    np.testing.assert_allclose(got_scaled, got, rtol=1e-12)
+    # float32 input is computed in float64
+    got32 = M.token_effective_rank(torch.tensor(q).float(), torch.tensor(k).float())
+    assert got32.dtype == torch.float64
+
+
+@pytest.mark.parametrize("t,dh", [(5, 8), (8, 8), (40, 4)])
+def test_token_erank_shapes_around_d_head(t, dh):
+    """Fewer tokens than d_head (R is [T, dh]), square, and many tokens."""
+    q, k = _qk(t=t, dh=dh, seed=t)
+    got = M.token_effective_rank(torch.tensor(q), torch.tensor(k)).numpy()
+    np.testing.assert_allclose(got, np_token_erank(q, k), rtol=1e-10)
+
+
+def test_token_erank_ignores_per_row_constants():
+    """S + c 1^T in factor form is [Q, c] [K, 1]^T: same value (softmax ignores it too),
+    also for constants 1e4 times the scores; the explicit matrix agrees."""
+    q, k = _qk(seed=1)
+    base = M.token_effective_rank(torch.tensor(q), torch.tensor(k)).numpy()
+    ones = np.ones(q.shape[:-1] + (1,))
+    for scale in (1.0, 1e4):
+        c = RNG.standard_normal(q.shape[:-1] + (1,)) * scale
+        qa, ka = np.concatenate([q, c], -1), np.concatenate([k, ones], -1)
+        got = M.token_effective_rank(torch.tensor(qa), torch.tensor(ka)).numpy()
+        np.testing.assert_allclose(got, base, rtol=1e-9)
+        np.testing.assert_allclose(np_token_erank(qa, ka), base, rtol=1e-6)  # explicit S
+
+
+def test_token_erank_at_most_the_rank():
+    t, dh = 32, 8
+    for r in (1, 2, 3, 5):
+        q = RNG.standard_normal((1, 2, t, r)) @ RNG.standard_normal((r, dh))  # rank r
+        k = RNG.standard_normal((1, 2, t, dh))
+        got = M.token_effective_rank(torch.tensor(q), torch.tensor(k)).numpy()
+        assert (got <= r + 1e-9).all() and (got > 1 - 1e-9).all()
+        np.testing.assert_allclose(got, np_token_erank(q, k), rtol=1e-8)
+    # the old masked metric gave ~19.6 for a rank-1 64 x 64 logit matrix: this gives 1
+    q1 = RNG.standard_normal((1, 1, 64, 1)) @ RNG.standard_normal((1, 8))
+    got = float(M.token_effective_rank(torch.tensor(q1), torch.tensor(RNG.standard_normal(
+        (1, 1, 64, 8))))[0])
+    assert got == pytest.approx(1.0, abs=1e-9)
+
+
+def test_token_erank_is_one_for_row_constant_scores():
+    """Constant logits, per-row constants, zero queries or zero keys: exactly 1 (the floor)."""
+    b, h, t, dh = 2, 2, 16, 4
+    q = torch.tensor(RNG.standard_normal((b, h, t, dh)))
+    same_key = torch.tensor(RNG.standard_normal((b, h, 1, dh)) * 0.1).expand(b, h, t, dh)
+    cases = [
+        (torch.full((b, h, t, 1), 0.3, dtype=torch.float64),  # S = 0.3 * 0.7 everywhere
+         torch.full((b, h, t, 1), 0.7, dtype=torch.float64)),
+        (q, same_key),  # S = (Q k) 1^T: one constant per row
+        (torch.zeros_like(q), torch.tensor(RNG.standard_normal((b, h, t, dh)))),  # S = 0
+        (q, torch.zeros_like(q)),
+    ]
+    for qq, kk in cases:
+        assert torch.equal(M.token_effective_rank(qq, kk), torch.ones(h, dtype=torch.float64))
+    # just above the floor's tolerance the value is an effective rank again
+    k = same_key + 1e-6 * torch.tensor(RNG.standard_normal((b, h, t, dh)))
+    assert (M.token_effective_rank(q, k) > 1.5).all()
+
+
+def test_token_erank_grouped_keys_match_repeated_keys():
+    b, h, nkv, t, dh = 2, 6, 2, 20, 8
+    q = torch.tensor(RNG.standard_normal((b, h, t, dh)))
+    k = torch.tensor(RNG.standard_normal((b, nkv, t, dh)))
+    kv_of = torch.arange(h) // (h // nkv)
+    got = M.token_effective_rank(q, k, kv_of).numpy()
+    k_rep = k.repeat_interleave(h // nkv, dim=1)
+    np.testing.assert_allclose(got, np_token_erank(q.numpy(), k_rep.numpy()), rtol=1e-10)
+    with pytest.raises(ValueError, match="kv_of"):
+        M.token_effective_rank(q, k)
+
+
+def test_token_erank_drops_padding():
+    """A right-padded sequence counts only its real tokens, as queries and as keys."""
+    q, k = _qk(b=2, h=2, t=20, seed=3)
+    real = np.ones((2, 20), dtype=bool)
+    real[1, 13:] = False
+    q_pad, k_pad = q.copy(), k.copy()
+    q_pad[1, :, 13:], k_pad[1, :, 13:] = 50.0, -30.0  # junk at padding
+    got = M.token_effective_rank(torch.tensor(q_pad), torch.tensor(k_pad),
+                                 real=torch.tensor(real)).numpy()
+    ref = (np_token_erank(q[:1], k[:1]) + np_token_erank(q[1:, :, :13], k[1:, :, :13])) / 2
     np.testing.assert_allclose(got, ref, rtol=1e-10)
+    # a sequence without a real token is undefined
+    real[1] = False
+    got = M.token_effective_rank(torch.tensor(q), torch.tensor(k), real=torch.tensor(real))
+    assert torch.isnan(got).all()
+
+
+def test_token_erank_svds_are_d_head_sized(monkeypatch):
+    """The factor form: every SVD is of a core at most d_head x d_head, never T x T."""
+    seen = []
+    svdvals = torch.linalg.svdvals
+
+    def spy(a, *args, **kw):
+        seen.append(tuple(a.shape[-2:]))
+        return svdvals(a, *args, **kw)
+
+    monkeypatch.setattr(torch.linalg, "svdvals", spy)
+    q, k = _qk(t=64, dh=8)
+    M.token_effective_rank(torch.tensor(q), torch.tensor(k))
+    assert seen == [(8, 8)]
 
 
 def test_streaming_covariance_equals_in_memory():

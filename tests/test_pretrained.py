@@ -178,7 +178,7 @@ def test_smollm2_shapes_gqa_and_rotary(smol, smol_run):
             meta["d_head"], meta["d_model"]) == ("llama", 30, 9, 3, 64, 576)
     assert meta["rotary"] and meta["gguf_file"] == GGUF and meta["tokens"] == N_TOKENS
     names = {n for _, _, n, _ in m.rows}
-    assert names >= {"pr_q", "pr_k", "pr_wq", "pr_wk", "qk_pr", "qk_erank", "logit_erank",
+    assert names >= {"pr_q", "pr_k", "pr_wq", "pr_wk", "qk_pr", "qk_erank", "token_erank",
                      "entropy", "entropy_norm", "pr_q_prerot", "pr_k_prerot"}
     # every metric: one layer row plus one per query head, for every layer
     for name in names:

@@ -2,7 +2,8 @@
 
 * entropy from the model's own float32 probabilities (float64 sums) vs a float64 numpy
   softmax of the same logits;
-* ``logit_erank`` through the Gram matrix's eigenvalues vs numpy's SVD of the masked logits;
+* ``token_erank`` from the accumulator (grouped keys, padding, sequences split over chunks)
+  vs numpy's SVD of each real sequence's explicit row-centred score matrix;
 * the accumulator fed probabilities vs the same accumulator recomputing the softmax.
 """
 
@@ -53,45 +54,36 @@ def test_entropy_from_float32_probabilities_matches_float64_numpy():
     np.testing.assert_allclose(norm.numpy() / rows, ref_norm / rows, atol=1e-6, rtol=0)
 
 
-def test_logit_erank_gram_matches_numpy_svd():
-    _, _, _, vis, logits = _case(1)
-    got = P.logit_erank_gram(logits, vis).numpy()
-    a = np.where(vis.expand(logits.shape).numpy(), logits.numpy(), 0.0)
-    s = np.linalg.svd(a, compute_uv=False)  # (B, H, T)
-    p = s / s.sum(-1, keepdims=True)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ref = np.exp(-np.where(p > 0, p * np.log(p), 0.0).sum(-1)).mean(0)
-    np.testing.assert_allclose(got, ref, rtol=1e-8)
-    # an all-masked matrix has no defined effective rank
-    assert np.isnan(P.logit_erank_gram(logits[:1], torch.zeros_like(vis[:1])).numpy()).all()
+def _np_token_erank(q: np.ndarray, k: np.ndarray) -> float:
+    """numpy's SVD of the explicit ``S - S.mean(axis=1)``, ``S = q k^T``: exp of the entropy."""
+    sm = q @ k.T
+    s = np.linalg.svd(sm - sm.mean(axis=1, keepdims=True), compute_uv=False)
+    p = s / s.sum()
+    return float(np.exp(-np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0).sum()))
 
 
-def test_logit_erank_f32_matches_numpy_float64_svd():
-    """The default route: float32 logits and singular values, float64 entropy."""
-    q, k, _, vis, logits = _case(1)
-    a = np.where(vis.expand(logits.shape).numpy(), logits.numpy(), 0.0)
-    s = np.linalg.svd(a, compute_uv=False)  # float64 reference, (B, H, T)
-    p = s / s.sum(-1, keepdims=True)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ref = np.exp(-np.where(p > 0, p * np.log(p), 0.0).sum(-1)).mean(0)
-    got = P.logit_erank_f32(logits.float(), vis).numpy()
-    np.testing.assert_allclose(got, ref, rtol=1e-6)
-    assert np.abs(got / ref - 1).max() > 1e-12  # it is the float32 route, not the float64 one
-    assert np.isnan(P.logit_erank_f32(logits[:1].float(), torch.zeros_like(vis[:1])).numpy()).all()
-
-
-def test_accumulator_erank_dtypes_agree_and_float64_is_the_gram_route():
-    q, k, real, vis, _ = _case(1)
-    rows = {}
-    for dt in (torch.float32, torch.float64):
-        acc = P.GeometryAccumulator(erank_seqs=2, erank_dtype=dt)
-        acc.update(0, q, k, vis, q.shape[-1] ** -0.5, real=real)
-        rows[dt] = {(la, h): v for la, h, n, v in acc.rows() if n == "logit_erank"}
-    logits = (q[:2].double() @ k[:2].double().transpose(-2, -1)) * q.shape[-1] ** -0.5
-    ref = P.logit_erank_gram(logits, vis[:2] & real[:2, None, :, None])
-    for h in range(q.shape[1]):
-        assert rows[torch.float64][(0, h)] == pytest.approx(float(ref[h]), rel=1e-12)
-        assert rows[torch.float32][(0, h)] == pytest.approx(float(ref[h]), rel=1e-6)
+@pytest.mark.parametrize("n_kv", [4, 2])
+def test_accumulator_token_erank_matches_numpy_over_chunks_and_padding(n_kv):
+    """The first ``erank_seqs`` sequences, across two chunks, the padded one counting only
+    its real tokens; query head h meets key head h // (H / H_kv)."""
+    q, k, real, vis, _ = _case(1)  # sequence 2 is padded after 29 tokens
+    k = k[:, :n_kv]
+    acc = P.GeometryAccumulator(erank_seqs=3)
+    for sl in (slice(0, 2), slice(2, 4)):  # chunks of 2 and 1 sequences
+        acc.update(0, q[sl], k[sl], vis[sl], 0.25, real=real[sl])
+    rows = {(la, h): v for la, h, n, v in acc.rows() if n == "token_erank"}
+    nh, rep = q.shape[1], q.shape[1] // n_kv
+    ref = np.zeros(nh)
+    for h in range(nh):
+        for bi in range(3):
+            n = int(real[bi].sum())
+            ref[h] += _np_token_erank(q[bi, h, :n].double().numpy(),
+                                      k[bi, h // rep, :n].double().numpy()) / 3
+        assert rows[(0, h)] == pytest.approx(ref[h], rel=1e-10)
+    assert rows[(0, None)] == pytest.approx(ref.mean(), rel=1e-10)
+    none = P.GeometryAccumulator(erank_seqs=0)
+    none.update(0, q, k, vis, 0.25, real=real)
+    assert all(np.isnan(v) for *_, n, v in none.rows() if n == "token_erank")
 
 
 @pytest.mark.parametrize("n_kv", [4, 2])

@@ -222,11 +222,42 @@ def test_a_pretrained_only_database_declares_its_metric_names(store):
     store.write_pretrained("smollm2", "main", None, {}, rows)
     df = store.sql("SELECT name, unit, per_head FROM metric_definitions ORDER BY name")
     got = {n: (u, bool(h)) for n, u, h in df.rows()}
-    for name in ("pr_q", "pr_k", "entropy", "logit_erank", "pr_q_prerot", "pr_k_prerot"):
+    for name in ("pr_q", "pr_k", "entropy", "token_erank", "pr_q_prerot", "pr_k_prerot"):
         assert name in got, name
     assert got["pr_q_prerot"] == ("dims", True) and got["entropy"] == ("nats", True)
     stored = store.sql("SELECT DISTINCT metric FROM pretrained_metrics")["metric"].to_list()
     assert set(stored) <= set(got)
+
+
+def test_an_older_database_with_retired_logit_erank_rows_still_reads(store):
+    """qkgeom before token_erank stored ``logit_erank`` and declared it: a newer qkgeom
+    keeps both (its sync upserts the current names and deletes none), and the readers
+    accept the name because the database declares it."""
+    from qkgeom.analysis.correlation import metric_points
+    from qkgeom.analysis.trials import check_metric, known_metrics
+    from qkgeom.plots import METRIC_TITLES
+    from qkgeom.store.models import MetricDefinition
+
+    assert "logit_erank" not in METRICS
+    sid, tid = _trial(store)
+    rec = make_record(10, n_layer=2, n_head=2)
+    rec.metrics += [(la, None, "logit_erank", 20.0 + la) for la in range(2)]
+    store.write_probe(tid, rec)
+    with store.engine.begin() as conn:  # the definition row an older qkgeom wrote
+        conn.execute(MetricDefinition.__table__.insert().values(
+            name="logit_erank", unit="dims", per_head=True, doc="old masked logit rank"))
+    store.write_pretrained("gpt2", "main", None, {}, [(0, None, "logit_erank", 99.0)])
+    store.ensure_sweep("s", {"grid": [1, 2]}, "v2")  # syncs the definitions again
+    doc = store.sql("SELECT doc FROM metric_definitions WHERE name = 'logit_erank'")
+    assert doc["doc"].to_list() == ["old masked logit rank"]
+    assert "logit_erank" in known_metrics(store) and "token_erank" in known_metrics(store)
+    assert check_metric(store, "logit_erank") == "logit_erank"
+    pts = metric_points(store, "s", ["logit_erank", "token_erank"], finished_only=False)
+    assert sorted(pts["logit_erank"].to_list()) == [20.0, 21.0]
+    assert pts["token_erank"].null_count() == 0
+    assert store.sql("SELECT value FROM pretrained_metrics WHERE metric = 'logit_erank'"
+                     ).item() == 99.0
+    assert "retired" in METRIC_TITLES["logit_erank"]
 
 
 def test_views(store):

@@ -37,7 +37,7 @@ def assert_same_metrics(a, b):
 def test_probes_cover_every_layer_head_and_metric(tiny_cfg):
     res, recs = collect(tiny_cfg)
     assert [r.step for r, _ in recs] == [0, 20, 40]
-    names = {"pr_q", "pr_k", "pr_wq", "pr_wk", "qk_pr", "qk_erank", "logit_erank", "entropy",
+    names = {"pr_q", "pr_k", "pr_wq", "pr_wk", "qk_pr", "qk_erank", "token_erank", "entropy",
              "entropy_norm"}
     for r, _ in recs:
         keys = metric_map(r)

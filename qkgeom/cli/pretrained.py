@@ -63,7 +63,7 @@ def _progress_factory(quiet: bool, live: bool):  # type: ignore[no-untyped-def]
               help="Tokens per sequence incl. BOS/CLS/SEP. Default: 256 (the block size for "
                    "qkgeom checkpoints).")
 @click.option("--erank-seqs", type=int, default=8, show_default=True,
-              help="Sequences whose logit matrices enter logit_erank (one SVD per head each).")
+              help="Sequences entering token_erank (a d_head x d_head SVD per head each).")
 @click.option("--name", default=None,
               help="Model id to store under. Default: --model (plus #GGUF file), or "
                    "qkgeom:SPEC.")

@@ -13,8 +13,10 @@ budget is bounded by time, not memory:
 * ``entropy`` / ``entropy_norm``: softmax of ``q k^T * scale`` with the model's own mask
   (causal for decoders; bidirectional with the padding mask for encoders), recomputed from
   the captured ``q`` and ``k`` and averaged over every counted query row of every chunk.
-* ``logit_erank``: effective rank of the masked logit matrix, mean over the first
-  ``erank_seqs`` sequences (an SVD per head and sequence is the costliest metric).
+* ``token_erank``: effective rank of each head's row-centred score matrix ``q k_c^T`` (keys
+  centred over the sequence), mean over the first ``erank_seqs`` sequences; from the
+  post-rotary ``q`` and ``k`` in factored form (:func:`qkgeom.metrics.token_effective_rank`:
+  a ``d_head x d_head`` SVD per head and sequence, no logits).
 * ``pr_wq``, ``pr_wk``, ``qk_pr``, ``qk_erank``: weight spectra; the interaction spectrum of
   ``W_Q^h (W_K^h)^T`` in factored form (for rotary models: the position-0 interaction).
 
@@ -46,8 +48,6 @@ from __future__ import annotations
 from qkgeom.pretrained.accumulate import (
     GeometryAccumulator,
     lapack_threads,
-    logit_erank_f32,
-    logit_erank_gram,
 )
 from qkgeom.pretrained.base import (
     DEFAULT_CHUNK_TOKENS,
@@ -125,8 +125,6 @@ __all__ = [
     "lapack_threads",
     "load_checkpoint",
     "load_hf",
-    "logit_erank_f32",
-    "logit_erank_gram",
     "measure_gpt",
     "measure_hf",
     "measure_job",

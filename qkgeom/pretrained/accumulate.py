@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -21,8 +20,8 @@ from qkgeom import metrics as M
 from qkgeom.pretrained.base import DEFAULT_ERANK_SEQS
 from qkgeom.records import Row
 
-# Elements of one (B', H', T, S) logit block (16 MiB in float64, 8 MiB in float32): bounds the
-# memory of the recomputed-softmax entropy and of the logit_erank logits.
+# Elements of one (B', H', T, S) logit block (16 MiB in float64): bounds the memory of the
+# recomputed-softmax entropy.
 _LOGIT_BLOCK = 1 << 21
 
 
@@ -38,7 +37,7 @@ class _LayerState:
     ent_sum: Tensor | None = None  # (H,) sum over counted rows of the row-mean entropy
     ent_norm_sum: Tensor | None = None
     ent_rows: Tensor | None = None  # (1|H,) query rows counted per head
-    erank_sum: Tensor | None = None  # (H,) sum over sequences
+    erank_sum: Tensor | None = None  # (H,) token_erank summed over sequences
     erank_n: int = 0
 
 
@@ -46,7 +45,7 @@ class _LayerState:
 def lapack_threads(x: Tensor | None = None) -> Iterator[None]:
     """One intra-op thread for many small CPU LAPACK calls (svdvals, eigvalsh, qr).
 
-    On a busy 2-core host, OpenMP-parallel ``svdvals`` of 256 x 256 logit matrices and
+    On a busy 2-core host, OpenMP-parallel ``svdvals`` of 256 x 256 matrices and
     ``eigvalsh`` of 64 x 64 blocks ran 5-30x slower than on one thread (docs/benchmarks.md);
     the BLAS-heavy steps (forward pass, covariance updates) keep all threads.
     """
@@ -100,80 +99,6 @@ def _row_entropy(probs: Tensor, vis: Tensor, n_blocks: int = 4) -> Tensor:
     return out
 
 
-_POOL: list[Any] = []
-
-
-def _batched_parallel(fn: Callable[[Tensor], Tensor], g: Tensor) -> Tensor:
-    """``fn`` (a batched LAPACK routine: ``eigvalsh``, ``svdvals``) over a batch of small
-    matrices, the batch split over one-thread workers (as many as torch's intra-op
-    threads): LAPACK on a 256 x 256 matrix barely uses a second thread, so parallel
-    matrices beat a parallel matrix (~1.5x on 2 cores)."""
-    n = torch.get_num_threads()
-    flat = g.reshape(-1, *g.shape[-2:])
-    if g.device.type != "cpu" or n == 1 or flat.shape[0] < 2:
-        return fn(g)
-    if not _POOL:
-        from concurrent.futures import ThreadPoolExecutor
-
-        _POOL.append(ThreadPoolExecutor(max_workers=n, thread_name_prefix="qkgeom-lapack"))
-    parts = flat.chunk(min(n, flat.shape[0]))
-    with lapack_threads():
-        out = torch.cat(list(_POOL[0].map(fn, parts)))
-    return out.reshape(*g.shape[:-2], out.shape[-1])
-
-
-def _erank_of_singular_values(s: Tensor) -> Tensor:
-    """``exp`` of the entropy of ``s / sum s`` over the last axis, float64, mean over the
-    batch (axis 0): ``[B, H, n] -> [H]``; NaN for an all-zero matrix."""
-    s = s.double()
-    total = s.sum(-1, keepdim=True)
-    p = s / total.clamp_min(1e-300)
-    er = torch.exp(-torch.special.xlogy(p, p).sum(-1))  # (B, H)
-    er = torch.where(total.squeeze(-1) > 0, er, torch.full_like(er, math.nan))
-    return er.mean(0)
-
-
-def _masked(logits: Tensor, visible: Tensor, dtype: torch.dtype) -> Tensor:
-    """``logits`` in ``dtype`` with the entries a query may not see set to 0."""
-    a = logits.detach().to(dtype)
-    return torch.where(visible.to(torch.bool).expand_as(a), a,
-                       torch.zeros((), dtype=a.dtype, device=a.device))
-
-
-def logit_erank_gram(logits: Tensor, visible: Tensor) -> Tensor:
-    """:func:`qkgeom.metrics.logit_effective_rank` in float64 through the Gram matrix: the
-    singular values of the masked ``A`` are the square roots of the eigenvalues of
-    ``A^T A`` (``eigvalsh`` of a symmetric matrix: cheaper than ``svdvals``).
-
-    Eigenvalues below round-off are clipped to 0. Returns ``[H]``, the mean over the batch
-    of ``exp(H(s / sum s))`` (NaN for an all-zero matrix). Within ~2e-9 relative of the
-    float64 SVD; the accumulator's ``erank_dtype=torch.float64`` route.
-    """
-    return _erank_gram_of_masked(_masked(logits, visible, torch.float64))
-
-
-def _erank_gram_of_masked(a: Tensor) -> Tensor:
-    lam = _batched_parallel(torch.linalg.eigvalsh, a.transpose(-2, -1) @ a)  # ascending
-    return _erank_of_singular_values(lam.clamp_min(0).sqrt())
-
-
-def logit_erank_f32(logits: Tensor, visible: Tensor) -> Tensor:
-    """:func:`qkgeom.metrics.logit_effective_rank` from float32 logits: ``svdvals`` of the
-    masked matrix in float32 (no Gram, so the error of a singular value stays relative to
-    the largest one, not to its square), the entropy in float64.
-
-    The accumulator's default route: within 1.5e-7 relative of the float64 SVD on
-    SmolLM2-135M's heads (docs/benchmarks.md), and about 20% cheaper than
-    :func:`logit_erank_gram` (0.19 s against 0.24 s for 72 matrices of 256 x 256 on two
-    threads). Returns ``[H]``.
-    """
-    return _erank_f32_of_masked(_masked(logits, visible, torch.float32))
-
-
-def _erank_f32_of_masked(a: Tensor) -> Tensor:
-    return _erank_of_singular_values(_batched_parallel(torch.linalg.svdvals, a))
-
-
 def _token_rows(x: Tensor, keep: Tensor | None) -> Tensor:
     """``(B, H, T, dh)`` -> float64 ``(N, H*dh)`` token rows (heads concatenated), rows where
     ``keep`` is False dropped; one copy when nothing is dropped."""
@@ -212,31 +137,29 @@ def _blocks(b: int, nh: int, t: int, s: int) -> Iterator[tuple[slice, slice]]:
 
 
 def _attention_sums(q: Tensor, k: Tensor, vis: Tensor, scaling: float, probs: Tensor | None,
-                    n_er: int, erank_dtype: torch.dtype = torch.float32,
-                    ) -> tuple[Tensor, Tensor, Tensor]:
+                    n_er: int, real: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Per head ``(H,)`` float64: the sums over counted query rows of the entropy and the
-    normalised entropy, and the sum over the first ``n_er`` sequences of ``logit_erank``.
+    normalised entropy, and the sum over the first ``n_er`` sequences of ``token_erank``.
 
     ``vis``: ``(B, 1|H, T, S)`` bool, padded query rows already removed. With the model's
     own ``probs`` the entropy comes from them; otherwise the softmax is recomputed in
-    float64 from ``q`` and ``k``. ``logit_erank`` comes from logits of ``erank_dtype``:
-    float32 through :func:`logit_erank_f32`, float64 through :func:`logit_erank_gram`.
+    float64 from ``q`` and ``k``. ``token_erank``
+    (:func:`qkgeom.metrics.token_effective_rank`) comes from the ``d_head``-sized factors
+    of ``q`` and ``k`` (grouped keys through ``kv_of``, padding dropped by ``real``), so no
+    logits are formed for it.
     """
     b, nh, t, _ = q.shape
     nkv, s = k.shape[1], k.shape[2]
-    k_exp = k.repeat_interleave(nh // nkv, dim=1) if nkv != nh else k  # (B, H, S, dh)
     ent = torch.zeros(nh, dtype=torch.float64, device=q.device)
     ent_n = torch.zeros(nh, dtype=torch.float64, device=q.device)
     er = torch.zeros(nh, dtype=torch.float64, device=q.device)
 
-    def vis_of(bsl: slice, hsl: slice) -> Tensor:
-        return vis[bsl] if vis.shape[1] == 1 else vis[bsl, hsl]  # (b', 1|h', T, S)
-
     if probs is not None:  # the model's own probabilities: no second softmax
         ent, ent_n = _entropy_sums(probs, vis)
     else:
+        k_exp = k.repeat_interleave(nh // nkv, dim=1) if nkv != nh else k  # (B, H, S, dh)
         for bsl, hsl in _blocks(b, nh, t, s):
-            v = vis_of(bsl, hsl)
+            v = vis[bsl] if vis.shape[1] == 1 else vis[bsl, hsl]  # (b', 1|h', T, S)
             logits = (q[bsl, hsl].double() @ k_exp[bsl, hsl].double().transpose(-2, -1))
             pattern = torch.softmax((logits * scaling).masked_fill(~v, float("-inf")), dim=-1)
             raw, norm = M.attention_entropy(pattern, v)  # (h',) row means
@@ -244,14 +167,11 @@ def _attention_sums(q: Tensor, k: Tensor, vis: Tensor, scaling: float, probs: Te
             ent[hsl] += raw * r
             ent_n[hsl] += norm * r
             del pattern, logits
-    # the logits are a fresh tensor here: masked in place (what _masked does in a copy)
-    erank = _erank_f32_of_masked if erank_dtype == torch.float32 else _erank_gram_of_masked
-    for bsl, hsl in _blocks(n_er, nh, t, s):
-        logits = (q[bsl, hsl].to(erank_dtype) @ k_exp[bsl, hsl].to(erank_dtype)
-                  .transpose(-2, -1)).mul_(scaling)
-        logits.masked_fill_(~vis_of(bsl, hsl), 0)
-        er[hsl] += erank(logits) * (bsl.stop - bsl.start)
-        del logits
+    if n_er:
+        kv_of = (torch.arange(nh, device=q.device) // (nh // nkv)) if nkv != nh else None
+        keep = real[:n_er] if s == t else None  # longer keys (not from our chunking): all kept
+        with lapack_threads(q):  # many small QRs and SVDs: one thread each is faster
+            er = M.token_effective_rank(q[:n_er], k[:n_er], kv_of, keep) * n_er
     return ent, ent_n, er
 
 
@@ -263,12 +183,10 @@ class GeometryAccumulator:
     """
 
     def __init__(self, *, erank_seqs: int = DEFAULT_ERANK_SEQS,
-                 device: torch.device | str | None = None,
-                 erank_dtype: torch.dtype = torch.float32) -> None:
+                 device: torch.device | str | None = None) -> None:
         self.layers: dict[int, _LayerState] = {}
         self.erank_seqs = erank_seqs
         self.device = device
-        self.erank_dtype = erank_dtype  # float32: logit_erank_f32; float64: logit_erank_gram
 
     @torch.no_grad()
     def update(self, layer: int, q: Tensor, k: Tensor, visible: Tensor, scaling: float,
@@ -283,8 +201,9 @@ class GeometryAccumulator:
         ``(B, T, H*dh)`` / ``(B, S, H_kv*dh)`` pre-rotary projections (rotary models only).
         ``probs``: ``(B, H, T, S)`` float32/float64 attention probabilities the model itself
         computed from these ``q`` and ``k`` (its eager softmax). Given, the entropy comes from
-        them (float64 sums) and logits are formed only for the ``logit_erank`` sequences;
-        otherwise the softmax is recomputed in float64 from ``q`` and ``k``.
+        them (float64 sums) and no logits are formed at all (``token_erank`` of the first
+        ``erank_seqs`` sequences comes from ``q`` and ``k`` themselves); otherwise the softmax
+        is recomputed in float64 from ``q`` and ``k``.
         """
         if probs is not None and probs.dtype not in (torch.float32, torch.float64):
             probs = None  # half-precision weights: recompute in float64 instead
@@ -303,7 +222,7 @@ class GeometryAccumulator:
         vis = vis.expand(b, vis.shape[1], t, s)
         rows = (vis.sum(-1) >= 2).sum(dim=(0, 2)).double()  # (1|H,) counted rows per head
         n_er = max(0, min(b, self.erank_seqs - st.erank_n))
-        ent, ent_n, er = _attention_sums(q, k, vis, scaling, probs, n_er, self.erank_dtype)
+        ent, ent_n, er = _attention_sums(q, k, vis, scaling, probs, n_er, real)
         if st.ent_sum is None:
             st.ent_sum, st.ent_norm_sum = ent, ent_n
             st.erank_sum, st.ent_rows = er, rows
@@ -358,7 +277,7 @@ class GeometryAccumulator:
             ent_n = torch.where(n > 0, st.ent_norm_sum.cpu() / n.clamp_min(1), math.nan)
             er = (st.erank_sum.cpu() / st.erank_n if st.erank_n
                   else torch.full((st.n_head,), math.nan))
-            for name, vals in (("entropy", ent), ("entropy_norm", ent_n), ("logit_erank", er)):
+            for name, vals in (("entropy", ent), ("entropy_norm", ent_n), ("token_erank", er)):
                 out += [(li, h, name, float(vals[h])) for h in range(st.n_head)]
                 out.append((li, None, name, float(vals.mean())))
         return out

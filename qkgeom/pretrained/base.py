@@ -16,7 +16,7 @@ TokenProgress = Callable[[int, int, dict], None]
 DEFAULT_MAX_TOKENS = 131_072
 DEFAULT_SEQ_LEN = 256  # the paper's context; entropy grows with the keys visible
 DEFAULT_CHUNK_TOKENS = 4096
-DEFAULT_ERANK_SEQS = 8  # an SVD per head and sequence: the costliest metric
+DEFAULT_ERANK_SEQS = 8  # sequences entering token_erank (a d_head-sized SVD per head each)
 
 
 class PretrainedError(QkgeomError):
