@@ -55,9 +55,7 @@ from qkgeom.sweep import (
     SweepError,
     SweepPlan,
     TrialSpec,
-    baseline_metric,
     build_plan,
-    fill_baseline_pr,
 )
 from qkgeom.tune_callbacks import (
     DRIVER,
@@ -308,25 +306,13 @@ def _with_threads(t: TrialSpec, threads: int) -> dict[str, Any]:
     return d
 
 
-def _baseline_prs(db_url: str, sweep: str, plan: SweepPlan) -> dict[tuple[str, str], list]:
-    """(baseline key, metric) -> layer-level rows (step, layer, value) that the arms need
-    (metric: :func:`qkgeom.sweep.baseline_metric` of the arm's config)."""
-    from qkgeom.store import open_store
-
-    keys = sorted({(t.baseline_key, baseline_metric(t.config)) for t in plan.trials
-                   if t.needs_baseline and t.baseline_key})
-    out: dict[tuple[str, str], list] = {}
-    with open_store(db_url) as store:
-        sid = store.require_sweep(sweep)
-        for k, metric in keys:
-            tid = store.trial_id(sid, k)
-            rows = store.layer_metric_rows([tid], metric) if tid is not None else {}
-            out[(k, metric)] = rows.get(tid, [])
-    return out
-
-
 def _run_phase(plan: SweepPlan, trials: list[TrialSpec], exp_name: str, opts: SweepOptions,
-               storage: str, threads: int, gpus: float) -> Any:
+               storage: str, threads: int, gpus: float, *, skip: frozenset = frozenset(),
+               new: bool = False) -> Any:
+    """One Tune experiment over ``trials``: restored when it exists (a resume), else
+    created. ``skip``: keys that must not train in it (they return at once, unrecorded).
+    ``new``: an experiment this run creates for trials of a resumed sweep that never ran
+    in one (all of ``trials`` run, from scratch)."""
     path = _join(storage, exp_name)
     resources = {"cpu": opts.cpus_per_trial, "gpu": gpus}
     direct_url = DRIVER["db_url"] if opts.direct_writes else None
@@ -339,7 +325,10 @@ def _run_phase(plan: SweepPlan, trials: list[TrialSpec], exp_name: str, opts: Sw
     if opts.resume:  # the database, not Tune's snapshot, decides what is finished
         statuses = trial_statuses(DRIVER["db_url"], plan.name)
         finished = frozenset(k for k, v in statuses.items() if v == "terminated")
-    if opts.resume and not restore:
+    finished = finished | skip
+    if new:
+        finished = frozenset()
+    elif opts.resume and not restore:
         # no Tune experiment here (another --storage, or it was deleted): run only what
         # the database does not hold as finished, from scratch, in a new experiment
         todo = [t for t in trials if t.key not in finished]
@@ -507,39 +496,89 @@ def _run(plan: SweepPlan, opts: SweepOptions, db_url: str, storage: str, threads
     first = [t for t in plan.trials if not t.needs_baseline]
     later = [t for t in plan.trials if t.needs_baseline]
     _run_phase(plan, first, f"{EXPERIMENT_PREFIX}{plan.name}", opts, storage, threads, gpus)
+    waiting: dict[str, str] = {}
     if later and not DRIVER.get("interrupted"):
-        # arms whose target is a fraction of the paired baseline's W_K PR: fill it from the
-        # baselines that just finished, then run them as a second experiment
-        prs = _baseline_prs(db_url, plan.name, plan)
-        filled = []
-        for t in later:
-            cfg = fill_baseline_pr(t.config,
-                                   prs.get((t.baseline_key or "", baseline_metric(t.config)), []))
-            filled.append(TrialSpec.from_dict(dict(t.to_dict(), config=cfg)))
-        _store_configs(db_url, plan.name, filled, threads)
-        # the progress line counts the first phase's finished trials as done
-        DRIVER["finished_before"] = frozenset(
-            k for k, v in trial_statuses(db_url, plan.name).items() if v == "terminated")
-        say(f"sweep {plan.name}: {len(filled)} arm trial(s) with baseline-relative targets")
-        _run_phase(plan, filled, f"{EXPERIMENT_PREFIX}{plan.name}-arms", opts, storage,
-                   threads, gpus)
+        waiting = _run_arms(plan, later, opts, db_url, storage, threads, gpus, say)
     why = DRIVER.get("interrupted")
     if why:
         mark_interrupted(db_url, plan.name, why)
     statuses = trial_statuses(db_url, plan.name)
     return {"name": plan.name, "wall_s": time.perf_counter() - t0, "trials": statuses,
             "errors": sum(1 for s in statuses.values() if s != "terminated"),
-            "db_url": db_url, "sweep_id": sid, "interrupted": why}
+            "db_url": db_url, "sweep_id": sid, "interrupted": why, "waiting": waiting}
 
 
-def _store_configs(db_url: str, sweep: str, trials: list[TrialSpec], threads: int) -> None:
+def _arm_experiments(plan: SweepPlan, storage: str) -> Any:
+    """Names for the arm phase's Tune experiments: ``qkgeom-NAME-arms``, then ``-arms-2``,
+    ``-arms-3``, ... (a later resume adds one for arms that could not run before)."""
+    base = f"{EXPERIMENT_PREFIX}{plan.name}-arms"
+    yield base
+    k = 2
+    while True:
+        yield f"{base}-{k}"
+        k += 1
+
+
+def _run_arms(plan: SweepPlan, later: list[TrialSpec], opts: SweepOptions, db_url: str,
+              storage: str, threads: int, gpus: float, say: Any) -> dict[str, str]:
+    """The arm phase: arms whose target is a fraction of their paired baseline's trajectory
+    run only against a finished baseline (:mod:`qkgeom.pairing`). Arms an earlier run
+    placed in a Tune experiment continue there (restored from their checkpoints); arms
+    that could not run before, and stale ones, run afresh in a new experiment. Returns the
+    arms still waiting for their baseline (key -> reason)."""
+    from qkgeom import pairing
     from qkgeom.store import open_store
 
     with open_store(db_url) as store:
-        sid = store.require_sweep(sweep)
-        for t in trials:
-            store.ensure_trial(sid, t.key, dict(t.config, threads=threads), depth=t.depth,
-                               init=t.init, arm=t.arm, seed=t.seed)
+        arms = pairing.arrange_arms(store, plan.name, later)
+        pairing.record_plan(store, plan.name, arms, later, threads)
+    for key, why in sorted(arms.waiting.items()):
+        say(f"arm {key}: {why}; it runs once the baseline has finished")
+    for key, why in sorted(arms.stale.items()):
+        say(f"arm {key}: {why}")
+    if not arms.run:
+        return arms.waiting
+    # the progress line counts the first phase's finished trials as done
+    DRIVER["finished_before"] = frozenset(
+        k for k, v in trial_statuses(db_url, plan.name).items() if v == "terminated")
+    say(f"sweep {plan.name}: {len(arms.run)} arm trial(s) with baseline-relative targets")
+    run_keys = {t.key for t in arms.run}
+    names = _arm_experiments(plan, storage)
+    used: set[str] = set()
+    fresh = [t for t in arms.run if t.key in arms.stale or not arms.experiments.get(t.key)]
+    groups: dict[str, list[TrialSpec]] = {}
+    for t in arms.run:
+        exp = arms.experiments.get(t.key)
+        if t.key in arms.stale or not exp:
+            continue
+        if tune.Tuner.can_restore(_join(storage, exp)):
+            groups.setdefault(exp, []).append(t)
+        else:  # recorded, but its experiment is gone (another --storage, deleted)
+            fresh.append(t)
+    for exp, ts in groups.items():  # continue each earlier arm experiment
+        used.add(exp)
+        # its other members (finished, stale, waiting) must not run there again
+        skip = frozenset(k for k in run_keys | set(arms.waiting) if k not in
+                         {t.key for t in ts})
+        _run_phase(plan, ts, exp, opts, storage, threads, gpus, skip=skip)
+        if DRIVER.get("interrupted"):
+            return arms.waiting
+    if fresh:
+        taken = _recorded_experiments(db_url, plan.name) | used
+        exp = next(n for n in names
+                   if n not in taken and not tune.Tuner.can_restore(_join(storage, n)))
+        with open_store(db_url) as store:
+            pairing.set_experiment(store, plan.name, arms, [t.key for t in fresh], exp)
+        _run_phase(plan, fresh, exp, opts, storage, threads, gpus, new=True)
+    return arms.waiting
+
+
+def _recorded_experiments(db_url: str, sweep: str) -> set[str]:
+    from qkgeom.store import open_store
+
+    with open_store(db_url) as store:
+        refs = store.trials(sweep)["baseline_ref"].to_list()
+    return {json.loads(r).get("experiment") for r in refs if r} - {None}
 
 
 def trial_statuses(db_url: str, sweep: str) -> dict[str, str]:

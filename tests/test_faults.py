@@ -399,10 +399,10 @@ def _start_sweep(d: Path, wikitext_dir: Path, db: str):
     return proc, log
 
 
-def _trials(db: str) -> dict[str, tuple]:
+def _trials(db: str, sweep: str = "sig") -> dict[str, tuple]:
     try:
         with open_store(db, create=False, readonly=True) as store:
-            df = store.trials("sig")
+            df = store.trials(sweep)
     except Exception:  # not created yet
         return {}
     return {k: (s, a, e) for k, s, a, e in
@@ -569,3 +569,150 @@ def test_a_database_error_in_the_driver_is_one_line_with_the_resume(scratch,  # 
                     "--resume --name sig"), out
     st = _trials(db)
     assert list(st) == ["d1-gaussian-none-s0"] and st["d1-gaussian-none-s0"][0] == "terminated"
+
+
+# ---------------------------------------------------------------------- arm pairing
+PAIR_SPEC = """name: pair
+trial: {preset: smoke, overrides: {max_steps: 1000, probe_every: 100, eval_every: 100}}
+interventions:
+  depth: 1
+  init: gaussian
+  arms: [hold, shrink]
+  seeds: [0]
+  arm_overrides: {shrink: {target_mode: baseline_fraction, shrink_to: 0.5}}
+"""
+BASE, HOLD, SHRINK = "d1-gaussian-none-s0", "d1-gaussian-hold-s0", "d1-gaussian-shrink-s0"
+
+
+def _busy_trainable(driver_pid: int):
+    """The Ray worker process that runs a trial now (its title names Tune's trainable)."""
+    import psutil
+
+    for p in psutil.Process(driver_pid).children(recursive=True):
+        try:
+            title = " ".join(p.cmdline())
+        except psutil.Error:
+            continue
+        if title.startswith("ray::ImplicitFunc") and "IDLE" not in title:
+            return p
+    return None
+
+
+def test_an_arm_waits_for_a_failed_baseline_and_a_resume_completes_the_pair(
+        scratch, db_url, wikitext_dir):  # noqa: F811
+    """Issue 29 on both backends: the baseline's worker is killed (no retries) after its
+    step-100 probe. Its baseline-relative arm must not run against the partial trajectory:
+    it stays pending with the reason, the arm that needs no baseline runs. ``--resume``
+    finishes the baseline and then the arm, and every stored value equals an uninterrupted
+    run's. Then (SQLite) the stale case: the baseline's stored trajectory changes after its
+    arm ran; the report refuses the pair, and the next resume reruns the arm against it."""
+    import json
+    import signal
+    import subprocess
+    import time
+
+    from sweep_fixtures import QKGEOM, assert_matches_reference, cli_env, run_cli
+
+    from qkgeom import pairing
+    from qkgeom.analysis import AnalysisError
+    from qkgeom.analysis.intervention import paired_trials
+
+    db = db_url
+    (scratch / "spec.yaml").write_text(PAIR_SPEC)
+    log = open(scratch / "driver.log", "w")
+    proc = subprocess.Popen(
+        [QKGEOM, "sweep", "--spec", str(scratch / "spec.yaml"), "--db", db, "--data",
+         str(wikitext_dir), "--max-concurrent", "1", "--max-failures", "0",
+         "--progress-every", "60"],
+        env=cli_env(scratch), stdout=log, stderr=subprocess.STDOUT, cwd=scratch,
+        start_new_session=True)
+    killed = None
+    try:
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline and proc.poll() is None:
+            if killed is None and 100 <= _last_steps(db).get(BASE, 0) < 1000:
+                worker = _busy_trainable(proc.pid)
+                if worker is not None:
+                    worker.send_signal(signal.SIGKILL)
+                    killed = _last_steps(db).get(BASE)
+            time.sleep(0.1)
+        rc = proc.wait(timeout=400)
+    finally:
+        if proc.poll() is None:
+            import os
+
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+    out = (scratch / "driver.log").read_text()
+    assert killed is not None and rc == 1, out
+    st = _trials(db, "pair")
+    assert st[BASE][0] == "error" and st[HOLD][0] == "terminated", st
+    assert st[SHRINK][:2] == ("pending", 0), st  # never started against a partial baseline
+    assert st[SHRINK][2] == f"waiting for baseline {BASE} (error)", st
+    assert f"arm {SHRINK}: waiting for baseline {BASE} (error)" in out
+    last = out.strip().splitlines()[-1]
+    assert "1 of them arm(s) waiting for a baseline" in last and \
+        "qkgeom sweep --resume --name pair" in last, last
+    status = run_cli(["status", "--name", "pair", "--db", db], scratch).stdout
+    assert f"waiting for baseline {BASE} (error)" in status, status
+
+    p = run_cli(["sweep", "--resume", "--name", "pair", "--db", db, "--progress-every", "60"],
+                scratch)
+    st = _trials(db, "pair")
+    assert {k: v[0] for k, v in st.items()} == {BASE: "terminated", HOLD: "terminated",
+                                                SHRINK: "terminated"}, (st, p.stdout)
+    assert st[HOLD][1] == 1 and st[SHRINK][1] == 1  # neither ran twice
+    assert assert_matches_reference(db, "pair") == 3  # every value: an uninterrupted run's
+    with open_store(db) as store:
+        assert pairing.inconsistent_pairs(store, "pair") == []
+        trials = store.trials("pair")
+        row = trials.filter(trials["trial_key"] == SHRINK).row(0, named=True)
+        ref = json.loads(row["baseline_ref"])
+        cfg = json.loads(row["config"])
+        assert ref["trial"] == BASE and ref["attempt"] == 2 and ref["metric"] == "pr_wk"
+        assert ref["digest"] == pairing.target_digest(cfg["baseline_pr"])
+        assert ref["experiment"] == "qkgeom-pair-arms"  # the first run created none
+        assert cfg["baseline_pr"][-1][0] == 1000  # from the finished baseline
+        pair = dict(arm="shrink", baseline="none", finished_only=True)
+        assert paired_trials(store, "pair", **pair).arm.height == 1  # pairs
+
+    if db.startswith("postgresql"):
+        return  # the stale case below runs on SQLite (the same code paths; CI time)
+    # stale: the baseline's stored trajectory is no longer the one the arm followed
+    import sqlalchemy as sa
+
+    with open_store(db) as store:
+        bid = store.trial_id(store.require_sweep("pair"), BASE)
+
+    eng = sa.create_engine(db)
+    with eng.begin() as conn:
+        n = conn.execute(sa.text("UPDATE probe_metrics SET value = value * 1.5 WHERE "
+                                 "trial_id = :t AND metric = 'pr_wk' AND head IS NULL"),
+                         {"t": bid}).rowcount
+    eng.dispose()
+    assert n > 0
+    with open_store(db) as store:
+        with pytest.raises(AnalysisError, match=r"cannot be paired: .*another trajectory .*"
+                           r"qkgeom sweep --resume --name pair"):
+            paired_trials(store, "pair", **pair)
+    r = run_cli(["report", "--sweep", "pair", "--db", db, "--out", str(scratch / "rep")],
+                scratch, check=False)
+    assert "cannot be paired" in (scratch / "rep" / "report.md").read_text() or \
+        "cannot be paired" in r.stdout + r.stderr, (r.stdout, r.stderr)
+    p = run_cli(["sweep", "--resume", "--name", "pair", "--db", db, "--progress-every", "60"],
+                scratch)
+    assert f"arm {SHRINK}: stale: trained against another trajectory of baseline {BASE}" \
+        in p.stdout, p.stdout
+    st2 = _trials(db, "pair")
+    assert st2[SHRINK][:2] == ("terminated", 1) and st2[HOLD] == st[HOLD], st2
+    with open_store(db) as store:
+        assert pairing.inconsistent_pairs(store, "pair") == []
+        row = store.trials("pair").filter(pl_col_eq("trial_key", SHRINK)).row(0, named=True)
+        assert json.loads(row["baseline_ref"])["experiment"] == "qkgeom-pair-arms-2"
+    assert assert_matches_reference(db, "pair", keys=[SHRINK, HOLD]) == 2
+
+
+def pl_col_eq(col: str, value: str):
+    import polars as pl
+
+    return pl.col(col) == value

@@ -265,3 +265,31 @@ def test_0004_adds_test_loss_and_keeps_rows_both_ways(db_url):
         assert "test_loss" not in list(cols) and conn.execute(
             text("SELECT COUNT(*) FROM v_final")).scalar_one() > 0
     eng.dispose()
+
+
+def test_0005_adds_baseline_ref_and_keeps_rows_both_ways(db_url):
+    upgrade(db_url, "0004_test_loss")
+    eng = create_engine(db_url)
+    with eng.begin() as conn:
+        conn.execute(text("INSERT INTO sweeps (id, name, spec, code_version, created_at) "
+                          "VALUES (1, 'old', '{}', 'v', CURRENT_TIMESTAMP)"))
+        conn.execute(text("INSERT INTO trials (id, sweep_id, trial_key, config, depth, init, "
+                          "arm, seed, status, attempts, created_at) VALUES (1, 1, 'k', '{}', "
+                          "2, 'gaussian', 'shrink', 0, 'terminated', 1, CURRENT_TIMESTAMP)"))
+    eng.dispose()
+    upgrade(db_url)
+    assert _version(db_url) == head_revision()
+    ref = {"trial": "d2-gaussian-none-s0", "attempt": 1, "metric": "pr_wk", "digest": "ab"}
+    with open_store(db_url) as store:
+        assert store.trials("old")["baseline_ref"].to_list() == [None]
+        store.set_baseline_ref(1, ref)
+        import json
+
+        assert json.loads(store.trials("old")["baseline_ref"][0]) == ref
+    downgrade(db_url, "0004_test_loss")
+    eng = create_engine(db_url)
+    with eng.connect() as conn:
+        assert conn.execute(text("SELECT trial_key FROM trials")).scalar_one() == "k"
+        cols = conn.execute(text("SELECT * FROM trials WHERE 1 = 0")).keys()
+        assert "baseline_ref" not in list(cols)
+    eng.dispose()

@@ -84,6 +84,15 @@ def paired_trials(store: Store, sweep: str, *, arm: str, baseline: str,
     if t_arm.height == 0:
         raise AnalysisError(f"no finished trials of arm {arm!r} in sweep {sweep!r}; wait for "
                             "them or pass --include-unfinished")
+    if baseline == BASELINE_ARM:  # an arm trained against another baseline run: refuse
+        from qkgeom.pairing import inconsistent_pairs
+
+        bad = inconsistent_pairs(store, sweep, t_arm["trial_id"].to_list())
+        if bad:
+            raise AnalysisError(
+                f"{len(bad)} {arm!r} trial(s) cannot be paired: {bad[0]}"
+                + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
+                + f"; rerun them with: qkgeom sweep --resume --name {sweep}")
     cells = t_arm.select("depth", "init").unique()
     t_base = t.filter(pl.col("arm") == baseline).join(cells, on=["depth", "init"])
     return PairedTrials(t_arm, t_base, t, cells)

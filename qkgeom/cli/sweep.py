@@ -177,9 +177,12 @@ def _print_summary(name: str, summary: dict[str, Any], db: str | None) -> None:
                f"  qkgeom query --db '{url}' \"SELECT * FROM trials\"\n"
                f"  qkgeom stats sign-test --sweep {name} --db '{url}'")
     if n_err:
+        n_wait = len(summary.get("waiting") or {})
+        wait = (f", {n_wait} of them arm(s) waiting for a baseline that did not finish "
+                "(they run after it)" if n_wait else "")
         raise click.ClickException(
-            f"{n_err} trial(s) did not finish; retry them from their checkpoints with: "
-            f"qkgeom sweep --resume --name {name}" + (f" --db '{url}'" if db else ""))
+            f"{n_err} trial(s) did not finish{wait}; retry them from their checkpoints "
+            f"with: qkgeom sweep --resume --name {name}" + (f" --db '{url}'" if db else ""))
 
 
 def _report_interrupted(name: str, db: str | None) -> None:

@@ -108,6 +108,10 @@ class Trial(Base):
     # loss on the held-out evaluation split at the end of training (nats/char); NULL until
     # the trial finishes (or NaN)
     test_loss: Mapped[float | None] = mapped_column(Double)
+    # arms with a baseline-relative target: the baseline they were filled from (trial key,
+    # attempt, metric, digest of the target, Tune experiment); NULL otherwise
+    # (qkgeom.pairing)
+    baseline_ref: Mapped[dict | None] = mapped_column(JSONType)
 
 
 class Probe(Base):

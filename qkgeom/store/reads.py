@@ -60,6 +60,7 @@ class TrialInfo:
     host: str | None
     device: str | None
     test_loss: float | None = None  # nats/char at the end of training; None until then
+    baseline_ref: dict | None = None  # arms filled from a baseline (qkgeom.pairing)
 
 
 class Reads(StoreBase):
@@ -157,13 +158,15 @@ class Reads(StoreBase):
             rows = [r._asdict() for r in conn.execute(q)]
         for r in rows:
             r["config"] = json.dumps(r["config"], sort_keys=True)
+            ref = r.get("baseline_ref")
+            r["baseline_ref"] = None if ref is None else json.dumps(ref, sort_keys=True)
         schema = {
             "sweep": pl.String, "id": pl.Int64, "sweep_id": pl.Int64, "trial_key": pl.String,
             "config": pl.String, "depth": pl.Int64, "init": pl.String, "arm": pl.String,
             "seed": pl.Int64, "status": pl.String, "attempts": pl.Int64, "error": pl.String,
             "created_at": pl.Datetime("us"), "started_at": pl.Datetime("us"),
             "ended_at": pl.Datetime("us"), "host": pl.String, "device": pl.String,
-            "test_loss": pl.Float64,
+            "test_loss": pl.Float64, "baseline_ref": pl.String,
         }
         return pl.DataFrame(rows, schema=schema, orient="row" if not rows else None)
 

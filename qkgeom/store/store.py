@@ -101,8 +101,8 @@ class Store(ResultWrites, Reads):
 
         An existing trial gets the new config and promoted columns but keeps its status,
         attempts, error, times and results, unless ``reset=True``, which sets ``status``,
-        clears attempts, error and times, and deletes its probes, metrics, training steps
-        and checkpoints.
+        clears attempts, error, times, test loss and baseline reference, and deletes its
+        probes, metrics, training steps and checkpoints.
         """
         check_status(status)
         t = Trial.__table__
@@ -113,7 +113,7 @@ class Store(ResultWrites, Reads):
         update = {c: ins.excluded[c] for c in ("config", "depth", "init", "arm", "seed")}
         if reset:
             update.update(status=ins.excluded.status, attempts=0, error=None, started_at=None,
-                          ended_at=None)
+                          ended_at=None, test_loss=None, baseline_ref=None)
         stmt = ins.on_conflict_do_update(
             index_elements=["sweep_id", "trial_key"], set_=update
         ).returning(t.c.id)
@@ -160,6 +160,16 @@ class Store(ResultWrites, Reads):
             values["attempts"] = t.c.attempts + 1
         with self._write() as conn:
             n = conn.execute(t.update().where(t.c.id == trial_id).values(**values)).rowcount
+        if n == 0:
+            raise QkgeomError(f"no trial with id {trial_id} in {self.safe_url}")
+
+    def set_baseline_ref(self, trial_id: int, ref: dict | None) -> None:
+        """Record which baseline an arm's target came from (``trials.baseline_ref``,
+        :mod:`qkgeom.pairing`); None clears it."""
+        t = Trial.__table__
+        with self._write() as conn:
+            n = conn.execute(t.update().where(t.c.id == trial_id)
+                             .values(baseline_ref=ref)).rowcount
         if n == 0:
             raise QkgeomError(f"no trial with id {trial_id} in {self.safe_url}")
 
