@@ -198,3 +198,22 @@ def test_rule_error_reads_the_record():
     assert "false holds <= 2.0%" in line and "90.0% at 1.0 sd" in line
     assert "needs 6 seeds" in line
     assert "not calibrated at 5 seeds" in C.rule_error("4-hold", rec, n_seeds=5)
+
+
+def test_the_report_header_names_rules_over_the_limits_and_the_largest_estimate():
+    from qkgeom.claims import calibration_header
+
+    row = dict(kind="null", effect="-", reps=1000, holds=0)
+    rec = {"commit": "a" * 40, "date": "2026-12-04", "reps": 2000, "rows": [
+        dict(row, rule="2-gap", scenario="flat", rate=0.01, ci_low=0.005, ci_high=0.02),
+        dict(row, rule="5-link", scenario="30", rate=0.052, ci_low=0.045, ci_high=0.059),
+        dict(row, rule="3 (retired)", scenario="trend", rate=1.0, ci_low=0.96, ci_high=1.0)]}
+    h = calibration_header(rec)
+    assert "no rule's false-holds rate is shown to exceed 5%" in h
+    assert "5-link, 30, 5.2% [4.5%, 5.9%]" in h and "retired" not in h
+    rec["rows"].append(dict(row, rule="4-hold", scenario="5 seeds", rate=0.09, ci_low=0.07,
+                            ci_high=0.11))
+    h = calibration_header(rec)
+    assert "rules over the limits" in h and "4-hold (5 seeds, 9.0%)" in h
+    assert "5-link" not in h  # within its interval: not over
+    assert "not recorded" in calibration_header(None)
