@@ -23,12 +23,20 @@ DECIDED = ("holds", "does not hold")
 FINDINGS = "docs/findings.md"
 
 
+# the verdict rules a cell was decided under: 1 = before the calibration of issue 25
+# (argmin trend window, pooled claim 3, directional confidence >= 0.95, any model for claim
+# 5), 2 = the calibrated rules (docs/statistics.md, "Calibration"). Only cells decided
+# under the current rules are compared; a cell file without the field is version 1.
+RULES_VERSION = 2
+
+
 @dataclass(frozen=True)
 class Cell:
     label: str
     n_embd: int
     lr: float
     verdicts: dict[str, str]
+    rules_version: int = 1
 
 
 def load_cells(path: str | Path | None = None) -> list[Cell]:
@@ -41,7 +49,8 @@ def load_cells(path: str | Path | None = None) -> list[Cell]:
         for c in json.loads(p.read_text()):
             sc = c.get("scale") or {}
             (n_embd,), (lr,) = sc["n_embd"], sc["lr"]  # a cell has one width and one lr
-            cells.append(Cell(c["label"], int(n_embd), float(lr), dict(c["verdicts"])))
+            cells.append(Cell(c["label"], int(n_embd), float(lr), dict(c["verdicts"]),
+                              int(c.get("rules_version", 1))))
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise QkgeomError(f"{p} is not a ladder file ({type(e).__name__}: {e}); rewrite it "
                           "with `python studies/ladder.py --cell ... --json` from the cells' "
@@ -63,12 +72,17 @@ def _flips(cells: list[Cell], claim: str, fixed: str) -> list[Any]:
 def robustness(cells: list[Cell], claim: str) -> dict[str, Any]:
     """How the claim's verdict behaves on the ladder: ``summary`` (one line) and the
     facts behind it (cells with a decided verdict; widths where the lr flips it; lrs where
-    the width flips it)."""
+    the width flips it). Only cells decided under the current rules
+    (:data:`RULES_VERSION`) are compared; the others are counted in the summary."""
+    old = [c for c in cells if c.rules_version != RULES_VERSION]
+    cells = [c for c in cells if c.rules_version == RULES_VERSION]
     decided = [c for c in cells if c.verdicts.get(claim) in DECIDED]
     by_lr = _flips(cells, claim, "n_embd")  # widths at which changing the lr flips it
     by_width = _flips(cells, claim, "lr")  # lrs at which changing the width flips it
     if not decided:
         summary = "not measured on the ladder" if not cells else "undecided on the ladder"
+        if not cells and old:
+            summary = "not yet measured on the ladder under the current rules"
     elif by_lr and by_width:
         summary = (f"flips with the learning rate (at n_embd {_join(by_lr)}) and with the "
                    f"width (at lr {_join(by_width, lr=True)})")
@@ -80,6 +94,9 @@ def robustness(cells: list[Cell], claim: str) -> dict[str, Any]:
         verdicts = {c.verdicts[claim] for c in decided}
         summary = (f"'{verdicts.pop()}' in all {len(decided)} ladder cells" if len(verdicts) == 1
                    else f"differs between cells that share no factor ({len(decided)} cells)")
+    if old:
+        summary += (f" ({len(old)} cell(s) decided under the retired rules not compared; "
+                    f"{FINDINGS})")
     return {"summary": summary, "cells": {c.label: c.verdicts.get(claim) for c in cells},
             "flips_with_lr_at_n_embd": by_lr, "flips_with_width_at_lr": by_width}
 

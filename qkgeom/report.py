@@ -40,7 +40,7 @@ from qkgeom.claims import (
     compute_claims,
 )
 from qkgeom.errors import QkgeomError
-from qkgeom.ladder import FINDINGS, load_cells, robustness
+from qkgeom.ladder import FINDINGS, RULES_VERSION, load_cells, robustness
 from qkgeom.records import to_jsonable
 
 if TYPE_CHECKING:
@@ -303,6 +303,7 @@ def render_json(rep: Report) -> str:
     """report.json: every number behind the verdicts (strict JSON: NaN as null)."""
     data = {"sweep": rep.sweep, "seed": rep.seed, "n_boot": rep.n_boot,
             "finished_only": rep.finished_only, "scale": rep.scale, "rules": RULES,
+            "rules_version": RULES_VERSION,
             "calibration": rep.calibration,
             "claims": [c.__dict__ for c in rep.claims], "ladder": rep.ladder}
     return json.dumps(to_jsonable(data), indent=2, allow_nan=False)

@@ -82,6 +82,7 @@ def cell_facts(label: str, db: str, sweep: str, reports: Path) -> dict:
                                               "mean_delta", "predicted_sign")}
     return {
         "label": label, "db": db, "sweep": sweep, "scale": rep.get("scale"),
+        "rules_version": rep.get("rules_version", 1),
         "verdicts": {k: claims[k]["verdict"] for k in CLAIMS if k in claims},
         "measured": {k: claims[k]["measured"] for k in CLAIMS if k in claims},
         "wall_s": secs, "trials": wall["n"], "terminated": wall["done"],
@@ -176,6 +177,8 @@ def main() -> None:
     ap.add_argument("--cell", action="append", required=True, help="LABEL=DB[:SWEEP]")
     ap.add_argument("--reports", default="reports", help="where the reports are written")
     ap.add_argument("--json", help="write the cells' facts here")
+    ap.add_argument("--keep", help="an earlier ladder file: its cells not named by --cell are "
+                    "carried over unchanged (with the rules version they were decided under)")
     ap.add_argument("--per-seed", help="directory for the per-grid-seed database copies and "
                     "reports (adds the grid claims' verdicts per seed)")
     a = ap.parse_args()
@@ -188,6 +191,13 @@ def main() -> None:
         cells.append(cell_facts(label, db, sweep, Path(a.reports)))
         if a.per_seed:
             cells[-1]["per_seed"] = per_seed_verdicts(label, db, sweep, Path(a.per_seed))
+    if a.keep:
+        have = {c["label"] for c in cells}
+        kept = [dict(c, rules_version=c.get("rules_version", 1))
+                for c in json.loads(Path(a.keep).read_text()) if c["label"] not in have]
+        print(f"kept {len(kept)} cell(s) of {a.keep}: "
+              f"{', '.join(c['label'] for c in kept) or 'none'}", file=sys.stderr)
+        cells = cells + kept
     if a.json:
         Path(a.json).write_text(json.dumps(cells, indent=1) + "\n")
     print(markdown(cells))

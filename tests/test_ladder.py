@@ -10,9 +10,13 @@ import pytest
 from qkgeom import ladder as L
 
 
-def cell(label: str, n_embd: int, lr: float, **verdicts: str) -> dict:
-    return {"label": label, "scale": {"n_embd": [n_embd], "lr": [lr]},
-            "verdicts": {k.replace("_", "-"): v for k, v in verdicts.items()}}
+def cell(label: str, n_embd: int, lr: float, rules: int | None = L.RULES_VERSION,
+         **verdicts: str) -> dict:
+    c = {"label": label, "scale": {"n_embd": [n_embd], "lr": [lr]},
+         "verdicts": {k.replace("_", "-"): v for k, v in verdicts.items()}}
+    if rules is not None:
+        c["rules_version"] = rules
+    return c
 
 
 H, F, N = "holds", "does not hold", "not enough data"
@@ -57,6 +61,22 @@ def test_only_one_factor(tmp_path):
     p.write_text(json.dumps([cell("x", 64, 1e-3, a=H), cell("z", 96, 1e-3, a=F)]))
     assert L.robustness(L.load_cells(p), "a")["summary"] == \
         "flips with the width (at lr 0.001)"
+
+
+def test_cells_decided_under_retired_rules_are_not_compared(tmp_path):
+    p = tmp_path / "l.json"
+    # a flip between an old-rules cell and a current one is not a flip of the claim
+    p.write_text(json.dumps([cell("x", 64, 1e-3, rules=None, a=H),
+                             cell("y", 64, 3e-3, a=F), cell("z", 96, 3e-3, a=F)]))
+    cells = L.load_cells(p)
+    assert [c.rules_version for c in cells] == [1, L.RULES_VERSION, L.RULES_VERSION]
+    r = L.robustness(cells, "a")
+    assert r["summary"] == ("'does not hold' in all 2 ladder cells (1 cell(s) decided under "
+                            "the retired rules not compared; docs/findings.md)")
+    assert r["cells"] == {"y": F, "z": F}
+    p.write_text(json.dumps([cell("x", 64, 1e-3, rules=1, a=H)]))
+    assert L.robustness(L.load_cells(p), "a")["summary"].startswith(
+        "not yet measured on the ladder under the current rules")
 
 
 def test_no_ladder_file(tmp_path):
