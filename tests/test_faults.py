@@ -235,6 +235,32 @@ def test_refused_commands_create_nothing(tmp_path, cmd):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("args,says", [
+    (["--model", "/nonexistent/model"], "--model /nonexistent/model: no such file or directory"),
+    (["--model", "./gone"], "--model ./gone: no such file or directory"),
+    (["--model", "org/name", "--text", "{tmp}/missing.raw"], "missing.raw: no such file"),
+])
+def test_a_refused_pretrained_probe_creates_no_database(tmp_path, monkeypatch, args, says):
+    """Issue 30, edge 2: the model directory and the text are checked before the results
+    database is opened, with or without --db; the message names the missing path."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for db in (["--db", str(tmp_path / "r.db")], []):
+        out = _one_line(invoke("probe-pretrained", *db,
+                               *[a.replace("{tmp}", str(tmp_path)) for a in args]))
+        assert says in out, out
+        assert list(tmp_path.iterdir()) == []  # no database file, default or given
+
+
+def test_a_malformed_cluster_file_is_one_line(tmp_path):
+    """Issue 30, edge 5: like a malformed --spec, one line with the file, line and column."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("cluster_name: x\n  bad: [\n")
+    out = _one_line(invoke("sweep", "--preset", "smoke", "--cluster", str(bad)))
+    assert out == (f"Error: {bad}: cannot parse YAML: line 2, column 6: mapping values are "
+                   "not allowed here"), out
+
+
 def test_resume_of_a_missing_sweep_adds_nothing_to_postgres(pg_url):
     out = _one_line(invoke("sweep", "--resume", "--name", "nosuch", "--db", pg_url))
     assert "no qkgeom schema" in out or "nosuch" in out

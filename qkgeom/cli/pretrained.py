@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 import click
 
@@ -132,6 +133,18 @@ def probe_pretrained(model: str | None, gguf_file: str | None, revisions: str | 
         from qkgeom import pretrained as P
         from qkgeom.store import open_store
 
+        # refuse before the database is opened (and created): nothing to store
+        if model is not None and model.startswith(("/", "./", "../", "~")) and \
+                not Path(model).expanduser().exists():
+            raise QkgeomError(f"--model {model}: no such file or directory; pass --model PATH "
+                              "to a local copy (a directory with config.json and weights, or "
+                              "a directory plus --gguf-file FILE) or a Hugging Face repo id "
+                              "(org/name)")
+        if text is None:
+            text = str(P.default_text())
+        elif not Path(text).expanduser().is_file():
+            raise QkgeomError(f"--text {text}: no such file; pass a UTF-8 text file "
+                              "(e.g. wiki.test.raw)")
         progress = _progress_factory(quiet, live=sys.stderr.isatty())
         ray = None
         if use_ray or address:
