@@ -86,6 +86,35 @@ def test_accumulator_token_erank_matches_numpy_over_chunks_and_padding(n_kv):
     assert all(np.isnan(v) for *_, n, v in none.rows() if n == "token_erank")
 
 
+def test_busy_host_runs_the_accumulator_on_one_thread_with_the_same_rows(monkeypatch):
+    from qkgeom.pretrained import accumulate as A
+
+    q, k, real, vis, _ = _case(3)
+    k = k[:, :2]
+    quiet = P.GeometryAccumulator(erank_seqs=2)
+    monkeypatch.setattr(A.os, "getloadavg", lambda: (0.5, 0.5, 0.5))
+    assert not A.host_busy()
+    quiet.update(0, q, k, vis, 0.25, real=real)
+    seen = []
+    sums = A._attention_sums
+
+    def spy(*args):
+        seen.append(torch.get_num_threads())
+        return sums(*args)
+
+    monkeypatch.setattr(A, "_attention_sums", spy)
+    monkeypatch.setattr(A.os, "getloadavg", lambda: (40.0, 40.0, 40.0))
+    assert A.host_busy()
+    n = torch.get_num_threads()
+    busy = P.GeometryAccumulator(erank_seqs=2)
+    busy.update(0, q, k, vis, 0.25, real=real)
+    assert seen == [1] and torch.get_num_threads() == n  # restored afterwards
+    for (*key, va), (*_, vb) in zip(quiet.rows(), busy.rows()):
+        assert va == pytest.approx(vb, rel=1e-12, nan_ok=True), key
+    monkeypatch.setattr(A.os, "getloadavg", lambda: (_ for _ in ()).throw(OSError()))
+    assert not A.host_busy()  # unknown load: every thread
+
+
 @pytest.mark.parametrize("n_kv", [4, 2])
 def test_accumulator_with_probabilities_equals_recomputed_softmax(n_kv):
     q, k, real, vis, _ = _case(2)

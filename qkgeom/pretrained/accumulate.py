@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -47,7 +48,8 @@ def lapack_threads(x: Tensor | None = None) -> Iterator[None]:
 
     On a busy 2-core host, OpenMP-parallel ``svdvals`` of 256 x 256 matrices and
     ``eigvalsh`` of 64 x 64 blocks ran 5-30x slower than on one thread (docs/benchmarks.md);
-    the BLAS-heavy steps (forward pass, covariance updates) keep all threads.
+    the BLAS-heavy steps (forward pass, covariance updates) keep all threads unless the host
+    is oversubscribed (:func:`busy_host_threads`).
     """
     if (x is not None and x.device.type != "cpu") or torch.get_num_threads() == 1:
         yield
@@ -58,6 +60,36 @@ def lapack_threads(x: Tensor | None = None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(n)
+
+
+def host_busy() -> bool:
+    """More runnable work than cores: the 1-minute load average above ``cpu_count + 0.5``
+    (this process's own threads count towards it, so a quiet host running the probe on
+    every core reads about ``cpu_count``). False where the load average is unknown."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return False
+    return load > (os.cpu_count() or 1) + 0.5
+
+
+@contextlib.contextmanager
+def busy_host_threads(x: Tensor | None = None) -> Iterator[None]:
+    """One intra-op thread for the probe's own CPU work while the host is oversubscribed.
+
+    Beside a running sweep on the 2-core machine (load average 4-5), two-thread OpenMP
+    regions wait for descheduled threads: one layer's accumulator update of 4,096 SmolLM2
+    tokens took 0.33 s on two threads and 0.08 s on one (best of 7), SmolLM2's weight spectra
+    8-14 s against 0.6-0.8 s, and a whole 2,048-token probe 26-27 s against 20-22 s; the
+    accumulator's rows came out identical, the weight spectra within 1.8e-15 relative
+    (docs/benchmarks.md). On a quiet host every thread is kept (the weight
+    spectra: 0.35 s against 0.52 s on one thread).
+    """
+    if (x is not None and x.device.type != "cpu") or not host_busy():
+        yield
+        return
+    with lapack_threads():
+        yield
 
 
 def _entropy_sums(probs: Tensor, vis: Tensor) -> tuple[Tensor, Tensor]:
@@ -203,8 +235,15 @@ class GeometryAccumulator:
         computed from these ``q`` and ``k`` (its eager softmax). Given, the entropy comes from
         them (float64 sums) and no logits are formed at all (``token_erank`` of the first
         ``erank_seqs`` sequences comes from ``q`` and ``k`` themselves); otherwise the softmax
-        is recomputed in float64 from ``q`` and ``k``.
+        is recomputed in float64 from ``q`` and ``k``. On a CPU the work runs on one
+        intra-op thread while the host is oversubscribed (:func:`busy_host_threads`).
         """
+        with busy_host_threads(q):
+            self._update(layer, q, k, visible, scaling, real, q_pre, k_pre, probs)
+
+    def _update(self, layer: int, q: Tensor, k: Tensor, visible: Tensor, scaling: float,
+                real: Tensor | None, q_pre: Tensor | None, k_pre: Tensor | None,
+                probs: Tensor | None) -> None:
         if probs is not None and probs.dtype not in (torch.float32, torch.float64):
             probs = None  # half-precision weights: recompute in float64 instead
         b, nh, t, _ = q.shape

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from qkgeom import metrics as M
 from qkgeom.hooks import hooked
-from qkgeom.pretrained.accumulate import GeometryAccumulator
+from qkgeom.pretrained.accumulate import GeometryAccumulator, busy_host_threads
 from qkgeom.pretrained.base import (
     DEFAULT_CHUNK_TOKENS,
     DEFAULT_ERANK_SEQS,
@@ -272,10 +272,11 @@ def site_weight_rows(sites: Sequence[AttnSite], n_head: int, n_kv: int) -> list[
     """Weight-spectrum rows (:func:`qkgeom.probe.head_weight_rows`) of the sites' ``W_q`` /
     ``W_k``, split into ``n_head`` / ``n_kv`` heads, in float64 on the CPU.
 
-    All intra-op threads: the layer-level ``W W^T`` products are BLAS-bound, and the
-    batched QR / SVD calls are of whole layers, not of single small matrices. SmolLM2-135M
-    on 2 cores: 0.35-0.38 s against 0.52-0.53 s on one thread, and 0.37-0.49 s against
-    0.54 s with two busy processes beside it (docs/benchmarks.md)."""
+    All intra-op threads on a quiet host: SmolLM2-135M on 2 cores took 0.35-0.38 s against
+    0.52-0.53 s on one thread. On an oversubscribed host one thread
+    (:func:`~qkgeom.pretrained.accumulate.busy_host_threads`): beside a running sweep the
+    same rows took 8-14 s on two threads and 0.6-0.8 s on one (docs/benchmarks.md)."""
     qk = [(M.split_heads(s.wq.detach().double().cpu(), n_head),
            M.split_heads(s.wk.detach().double().cpu(), n_kv)) for s in sites]
-    return head_weight_rows(qk)
+    with busy_host_threads():
+        return head_weight_rows(qk)
