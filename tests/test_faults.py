@@ -742,3 +742,65 @@ def pl_col_eq(col: str, value: str):
     import polars as pl
 
     return pl.col(col) == value
+
+
+def test_a_second_ctrl_c_still_ends_with_the_summary_and_130(scratch, wikitext_dir):  # noqa: F811
+    """Issue 30, edge 4: two SIGINTs a moment apart stop the sweep like one (exit 130, the
+    summary line with the resume command), not click's 'Aborted!' and exit 1."""
+    import os
+    import signal
+    import time
+
+    db = f"sqlite:///{scratch / 'two.db'}"
+    proc, log = _start_sweep(scratch, wikitext_dir, db)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            if _last_steps(db).get("d1-gaussian-none-s0", 0) >= 40:
+                break
+            time.sleep(0.2)
+        os.kill(proc.pid, signal.SIGINT)
+        time.sleep(0.3)
+        os.kill(proc.pid, signal.SIGINT)
+        rc = proc.wait(timeout=180)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        log.close()
+    out = (scratch / "driver.log").read_text()
+    assert rc == 130 and "Aborted!" not in out, out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("sweep sig interrupted by SIGINT: ") and \
+        "continue with: qkgeom sweep --resume --name sig" in last, last
+    assert "running" not in {s for s, _, _ in _trials(db).values()}
+
+
+def test_a_sigterm_during_start_up_says_how_to_continue(scratch, wikitext_dir):  # noqa: F811
+    """Issue 30, edge 6: SIGTERM while the sweep is still starting (the database exists,
+    Ray is starting) ends with exit 143 and the line that says how to continue."""
+    import os
+    import signal
+    import time
+
+    db_file = scratch / "early.db"
+    proc, log = _start_sweep(scratch, wikitext_dir, f"sqlite:///{db_file}")
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(_trials(f"sqlite:///{db_file}")) < 2:
+            time.sleep(0.02)  # recorded, Ray not yet started
+        assert db_file.exists(), (scratch / "driver.log").read_text()
+        os.kill(proc.pid, signal.SIGTERM)
+        rc = proc.wait(timeout=180)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        log.close()
+    out = (scratch / "driver.log").read_text()
+    assert rc == 128 + signal.SIGTERM, out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("sweep sig interrupted by SIGTERM: 0/2 trials terminated") and \
+        "continue with: qkgeom sweep --resume --name sig" in last, last

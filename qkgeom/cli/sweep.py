@@ -138,7 +138,16 @@ def _run_here(plan: SweepPlan | None, name: str | None, db: str | None,
               **options: Any) -> None:
     """Run the sweep from this process (local Ray, or ``--address``), then print the
     trials' table and how to read the results; ``options``: :class:`SweepOptions` fields."""
-    from qkgeom.tune import SweepOptions, plan_for_resume, run_sweep, shutdown
+    import signal
+
+    from qkgeom.tune import (
+        SweepOptions,
+        install_signal_handlers,
+        plan_for_resume,
+        restore_signal_handlers,
+        run_sweep,
+        shutdown,
+    )
 
     if options["direct_writes"] and db is not None and not _is_pg(db):
         from qkgeom.sweep import SweepError
@@ -149,13 +158,28 @@ def _run_here(plan: SweepPlan | None, name: str | None, db: str | None,
         from qkgeom.store import resolve_url
 
         plan = plan_for_resume(name, resolve_url(db))
+    # a signal during start-up (before Ray's and the sweep's own handlers) still ends with
+    # the summary line and the resume command, not a silent exit
+    early = install_signal_handlers()
+    summary: dict[str, Any] | None = None
+    stopped = False
     try:
         summary = run_sweep(plan, SweepOptions(db_url=db, **options))
+        stopped = bool(summary.get("interrupted"))
     except KeyboardInterrupt:  # a second signal, or one outside Tune's loop
-        summary = None
+        stopped = True
     finally:
-        shutdown()
-    if summary is None or summary.get("interrupted"):
+        # once stopping, further Ctrl-C / SIGTERM must not cut the clean-up and the summary
+        # short (they would end in click's 'Aborted!' and exit 1)
+        if stopped:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_IGN)
+        try:
+            shutdown()
+        finally:
+            if not stopped:
+                restore_signal_handlers(early)
+    if stopped or summary is None:
         _report_interrupted(plan.name, db)
     _print_summary(plan.name, summary, db)
 
@@ -199,7 +223,9 @@ def _report_interrupted(name: str, db: str | None) -> None:
     try:
         rows = status_rows(url, name)
     except Exception:  # the sweep may not have reached the database
-        rows = []
+        click.echo(f"\nsweep {name} interrupted by {why} before it was recorded in the "
+                   "database: nothing ran; start it again with the same command")
+        sys.exit(128 + int(getattr(signal, why, signal.SIGINT)))
     if rows:
         click.echo("")
         click.echo(format_status(rows))
