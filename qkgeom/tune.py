@@ -57,6 +57,7 @@ from qkgeom.sweep import (
     TrialSpec,
     build_plan,
 )
+from qkgeom.trackers import check_trackers, tracker_callbacks
 from qkgeom.tune_callbacks import (
     DRIVER,
     DbWriter,
@@ -103,6 +104,7 @@ class SweepOptions:
     ray_temp_dir: str | None = None  # local Ray only (default: a fresh dir under /tmp)
     quiet: bool = False
     extra_env: dict[str, str] = field(default_factory=dict)
+    loggers: tuple[str, ...] = ()  # opt-in trackers (qkgeom.trackers): tensorboard, ...
 
 
 def default_storage() -> str:
@@ -370,7 +372,8 @@ def _run_phase(plan: SweepPlan, trials: list[TrialSpec], exp_name: str, opts: Sw
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=None),
                 callbacks=[DbWriter(plan.name, opts.direct_writes,
                                     keep_recent_s=opts.prune_age_s),
-                           ProgressReporter(opts.progress_every_s)],
+                           ProgressReporter(opts.progress_every_s),
+                           *tracker_callbacks(opts.loggers, plan.name)],
                 verbose=0,
             ),
         )
@@ -427,6 +430,7 @@ def run_sweep(plan: SweepPlan, opts: SweepOptions) -> dict[str, Any]:
         raise SweepError(f"sweep {plan.name!r} already has a Ray experiment at {path}; "
                          f"continue it with: qkgeom sweep --resume --name {plan.name} "
                          "(or pick another --name)")
+    check_trackers(opts.loggers, direct_writes=opts.direct_writes)
     check_resources(opts)  # before anything is created or started
     # local Ray: the corpus is downloaded and encoded here, once, before any trial starts (a
     # bad --data fails here). On a cluster the first trial on each node does it and the

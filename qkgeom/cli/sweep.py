@@ -65,6 +65,12 @@ if TYPE_CHECKING:
               "'snapshots', else all.")
 @click.option("--progress-every", type=float, default=10.0, show_default=True,
               help="Seconds between progress lines when nothing changes.")
+@click.option("--logger", "loggers", multiple=True,
+              type=click.Choice(["tensorboard", "mlflow", "wandb"]),
+              help="Also log every probe to this tracker, through Ray Tune's logger "
+              "callbacks (repeatable): TensorBoard event files in the trial dirs, an MLflow "
+              "store ($MLFLOW_TRACKING_URI, else ./mlflow.db), W&B offline. The database "
+              "stays the source of truth (docs/sweeps.md, 'Trackers').")
 @click.option("--prune-age", type=float, default=60.0, hidden=True,
               help="Seconds before a superseded resume checkpoint is pruned (tests).")
 def sweep(preset_name: str | None, spec_file: str | None, name: str | None, db: str | None,
@@ -72,7 +78,7 @@ def sweep(preset_name: str | None, spec_file: str | None, name: str | None, db: 
           cluster_file: str | None, dry_run: bool, resume: bool, gpus_per_trial: float | None,
           cpus_per_trial: float, max_concurrent: int | None, max_failures: int,
           direct_writes: bool, storage: str | None, snapshots: str | None,
-          progress_every: float, prune_age: float) -> None:
+          progress_every: float, prune_age: float, loggers: tuple[str, ...]) -> None:
     """Run a study (geometry grid + intervention arms) on Ray Tune into the database."""
     from qkgeom.sweep import plan_from
 
@@ -88,6 +94,11 @@ def sweep(preset_name: str | None, spec_file: str | None, name: str | None, db: 
         if cluster_file:
             from qkgeom.cluster import launch_on_cluster
 
+            if loggers:
+                raise click.UsageError("--logger runs in the sweep's driver: with --cluster, "
+                                       "start the sweep on the head (qkgeom sweep --address "
+                                       "auto --logger ...) instead")
+
             launch_on_cluster(
                 cluster_file, plan=plan, name=name or plan.name, spec_file=spec_file,
                 preset=preset_name, data=data, sets=sets, db=db, resume=resume,
@@ -101,7 +112,7 @@ def sweep(preset_name: str | None, spec_file: str | None, name: str | None, db: 
                   cpus_per_trial=cpus_per_trial, gpus_per_trial=gpus_per_trial,
                   max_concurrent=max_concurrent, max_failures=max_failures,
                   direct_writes=direct_writes, progress_every_s=progress_every,
-                  prune_age_s=prune_age)
+                  prune_age_s=prune_age, loggers=tuple(loggers))
 
 
 def _check_sweep_args(address: str | None, cluster_file: str | None, cpus_per_trial: float,
