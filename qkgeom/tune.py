@@ -387,10 +387,11 @@ def _run_phase(plan: SweepPlan, trials: list[TrialSpec], exp_name: str, opts: Sw
             raise
         try:
             mark_interrupted(DRIVER["db_url"], plan.name, "the driver's error")
-        except QkgeomError:
-            pass  # the database itself may be what failed; a resume marks them
+            marked = "are marked interrupted"
+        except QkgeomError:  # the database itself may be what failed (a full disk)
+            marked = "stay 'running' in the database until the resume marks them interrupted"
         raise SweepError(f"sweep {plan.name} stopped: {why}; the trials that were running "
-                         "are marked interrupted; once the cause is fixed, continue with: "
+                         f"{marked}; once the cause is fixed, continue with: "
                          f"qkgeom sweep --resume --name {plan.name}") from None
     finally:
         DRIVER["in_fit"] = False

@@ -804,3 +804,39 @@ def test_a_sigterm_during_start_up_says_how_to_continue(scratch, wikitext_dir): 
     last = out.strip().splitlines()[-1]
     assert last.startswith("sweep sig interrupted by SIGTERM: 0/2 trials terminated") and \
         "continue with: qkgeom sweep --resume --name sig" in last, last
+
+
+def test_a_full_disk_ends_in_one_line_and_a_resume_completes(scratch, wikitext_dir):  # noqa: F811
+    """Issue 30, edge 1: the database's file system fills up mid-sweep (a 400 kB tmpfs).
+    One line names the cause and the resume, with no traceback; once there is room, the
+    resume completes and every stored value equals an uninterrupted run's."""
+    import subprocess
+
+    from sweep_fixtures import QKGEOM, assert_matches_reference, cli_env, run_cli
+
+    mnt = scratch / "tiny"
+    mnt.mkdir()
+    m = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if m.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({m.stderr.strip()})")
+    try:
+        db = f"sqlite:///{mnt / 'x.db'}"
+        p = subprocess.run([QKGEOM, "sweep", "--preset", "smoke", "--name", "full", "--db", db,
+                            "--data", str(wikitext_dir), "--storage", str(scratch / "rr"),
+                            "--progress-every", "60"], env=cli_env(scratch),
+                           capture_output=True, text=True, timeout=600, cwd=scratch)
+        out = p.stdout + p.stderr
+        assert p.returncode == 1 and "Traceback" not in out, out
+        last = out.strip().splitlines()[-1]
+        assert last.startswith("Error: sweep full stopped: database error on ") and \
+            "database or disk is full" in last and \
+            "continue with: qkgeom sweep --resume --name full" in last, last
+        subprocess.run(["mount", "-o", "remount,size=64m", str(mnt)], check=True)
+        run_cli(["sweep", "--resume", "--name", "full", "--db", db, "--storage",
+                 str(scratch / "rr"), "--progress-every", "60"], scratch)
+        st = _trials(db, "full")
+        assert st and {s for s, _, _ in st.values()} == {"terminated"}, st
+        assert assert_matches_reference(db, "full") == len(st)
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
