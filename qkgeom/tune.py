@@ -159,6 +159,7 @@ def init_ray(opts: SweepOptions) -> None:
     if opts.address:
         ray.init(address=opts.address, **kwargs)
     else:
+        reap_orphaned_ray(DRIVER.get("say", print))
         tmp = opts.ray_temp_dir
         if tmp is None:  # ours: removed again by shutdown()
             tmp = DRIVER["ray_tmp"] = tempfile.mkdtemp(prefix="qkray-", dir="/tmp")
@@ -167,6 +168,68 @@ def init_ray(opts: SweepOptions) -> None:
         # the local instance's own processes (GCS, raylet, ...; workers are the raylet's
         # children): shutdown() waits for these, never for other children of this process
         DRIVER["ray_pids"] = sorted(_child_pids() - before)
+
+
+RAY_TMP_GLOB = "qkray-*"  # the local instances' temp dirs, under /tmp
+
+
+def reap_orphaned_ray(say: Any = print, root: str = "/tmp") -> int:
+    """Stop the local Ray instances that killed qkgeom drivers left behind, and remove
+    their temp dirs. Returns how many processes were stopped.
+
+    A driver killed by SIGKILL cannot run :func:`shutdown`, and some of Ray's helpers
+    (the dashboard agent, the runtime-env agent, ...) outlive it. An instance is
+    orphaned when the driver named in its session dir (``session_<time>_<pid>``) is gone,
+    or its pid now belongs to a process started after the session. Instances of live
+    drivers (another sweep on this machine) are left alone.
+    """
+    import psutil
+
+    stopped = 0
+    for tmp in sorted(Path(root).glob(RAY_TMP_GLOB)):
+        sessions = [d for d in tmp.glob("session_*") if not d.is_symlink() and d.is_dir()]
+        if not sessions:
+            continue
+        alive = False
+        for d in sessions:
+            try:
+                pid = int(d.name.rsplit("_", 1)[-1])
+                born = d.stat().st_ctime
+            except (ValueError, OSError):
+                alive = True  # not ours to judge
+                break
+            try:
+                if psutil.Process(pid).create_time() <= born + 5:
+                    alive = True
+            except psutil.Error:
+                pass
+        if alive:
+            continue
+        procs = []
+        for p in psutil.process_iter(["cmdline"]):
+            try:
+                if any(str(tmp) in a for a in (p.info["cmdline"] or [])):
+                    procs.append(p)
+            except psutil.Error:
+                continue
+        for p in procs:
+            try:
+                p.terminate()
+            except psutil.Error:
+                pass
+        _, left = psutil.wait_procs(procs, timeout=5)
+        for p in left:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(left, timeout=5)
+        shutil.rmtree(tmp, ignore_errors=True)
+        stopped += len(procs)
+        say(f"removed {tmp}, the temp dir of a local Ray instance left by a killed "
+            f"qkgeom driver" + (f", and stopped {len(procs)} of its processes" if procs
+                                else ""))
+    return stopped
 
 
 def _child_pids() -> set[int]:

@@ -840,3 +840,61 @@ def test_a_full_disk_ends_in_one_line_and_a_resume_completes(scratch, wikitext_d
         assert assert_matches_reference(db, "full") == len(st)
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_ray_helpers_left_by_a_killed_driver_are_stopped_by_the_next_sweep(
+        scratch, wikitext_dir):  # noqa: F811
+    """Issue 30, edge 3: a driver SIGKILL leaves its local Ray's temp dir (and, on some
+    runs, helpers such as the dashboard agent); the next `qkgeom sweep` (here the resume)
+    stops whatever still uses it and removes the dir. A live driver's instance is left
+    alone (the resume's own sweep runs while it cleans up)."""
+    import os
+    import signal
+    import time
+
+    import psutil
+    from sweep_fixtures import run_cli
+
+    db = f"sqlite:///{scratch / 'orphan.db'}"
+    proc, log = _start_sweep(scratch, wikitext_dir, db)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            if _last_steps(db).get("d1-gaussian-none-s0", 0) >= 40:
+                break
+            time.sleep(0.2)
+        kids = psutil.Process(proc.pid).children(recursive=True)
+        tmps = {a.split("=", 1)[1].split("/session_")[0] for k in kids
+                for a in _cmdline(k) if a.startswith("--temp-dir=/tmp/qkray-")}
+        assert len(tmps) == 1, tmps
+        (tmp,) = tmps
+        os.kill(proc.pid, signal.SIGKILL)  # the driver only, as the OOM killer would
+        proc.wait(timeout=60)
+        time.sleep(3)
+        assert os.path.isdir(tmp)  # left behind (and, on some runs, helpers using it)
+    finally:
+        log.close()
+    p = run_cli(["sweep", "--resume", "--name", "sig", "--db", db, "--storage",
+                 str(scratch / "first"), "--progress-every", "60"], scratch)
+    assert f"removed {tmp}" in p.stdout, p.stdout
+    assert not _using(tmp) and not os.path.exists(tmp)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _cmdline(p) -> list[str]:
+    import psutil
+
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return []
+
+
+def _using(tmp: str) -> list:
+    import psutil
+
+    return [p for p in psutil.process_iter() if any(tmp in a for a in _cmdline(p))
+            and p.status() != psutil.STATUS_ZOMBIE]
