@@ -28,6 +28,8 @@ FINDINGS = "docs/findings.md"
 # 5), 2 = the calibrated rules (docs/statistics.md, "Calibration"). Only cells decided
 # under the current rules are compared; a cell file without the field is version 1.
 RULES_VERSION = 2
+# claims whose rule is the same since an older version: cells decided under it still count
+RULE_SINCE = {"2-gap": 1, "2-slopes": 1}
 
 
 @dataclass(frozen=True)
@@ -72,10 +74,12 @@ def _flips(cells: list[Cell], claim: str, fixed: str) -> list[Any]:
 def robustness(cells: list[Cell], claim: str) -> dict[str, Any]:
     """How the claim's verdict behaves on the ladder: ``summary`` (one line) and the
     facts behind it (cells with a decided verdict; widths where the lr flips it; lrs where
-    the width flips it). Only cells decided under the current rules
-    (:data:`RULES_VERSION`) are compared; the others are counted in the summary."""
-    old = [c for c in cells if c.rules_version != RULES_VERSION]
-    cells = [c for c in cells if c.rules_version == RULES_VERSION]
+    the width flips it). Only cells decided under the claim's current rule
+    (:data:`RULES_VERSION`, or the older version in :data:`RULE_SINCE` from which the rule
+    is unchanged) are compared; the others are counted in the summary."""
+    since = RULE_SINCE.get(claim, RULES_VERSION)
+    old = [c for c in cells if c.rules_version < since]
+    cells = [c for c in cells if c.rules_version >= since]
     decided = [c for c in cells if c.verdicts.get(claim) in DECIDED]
     by_lr = _flips(cells, claim, "n_embd")  # widths at which changing the lr flips it
     by_width = _flips(cells, claim, "lr")  # lrs at which changing the width flips it

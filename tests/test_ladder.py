@@ -74,6 +74,11 @@ def test_cells_decided_under_retired_rules_are_not_compared(tmp_path):
     assert r["summary"] == ("'does not hold' in all 2 ladder cells (1 cell(s) decided under "
                             "the retired rules not compared; docs/findings.md)")
     assert r["cells"] == {"y": F, "z": F}
+    # a claim whose rule did not change compares across versions
+    p.write_text(json.dumps([cell("x", 64, 1e-3, rules=1, **{"2_gap": H}),
+                             cell("y", 64, 3e-3, **{"2_gap": F})]))
+    assert L.robustness(L.load_cells(p), "2-gap")["summary"] == \
+        "flips with the learning rate (at n_embd 64)"
     p.write_text(json.dumps([cell("x", 64, 1e-3, rules=1, a=H)]))
     assert L.robustness(L.load_cells(p), "a")["summary"].startswith(
         "not yet measured on the ladder under the current rules")
