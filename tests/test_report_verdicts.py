@@ -37,7 +37,7 @@ def study(url: str, *, layers: list[tuple[float, float, float]], seeds=(0,),
     Baseline (arm none): one trial per seed, depth ``len(layers)``, init gaussian. Layer l,
     with ``(q_slope, k_slope, gap) = layers[l]``, at progress p: PR_Q = 20 + l + q_slope p,
     PR_K = PR_Q(1) - gap + k_slope (p - 1), so the final gap is ``gap`` and the slopes are
-    the given ones. qk_erank = 0.5 PR_K + 1, logit_erank = 0.3 PR_K + 2, entropy =
+    the given ones. qk_erank = 0.5 PR_K + 1, token_erank = 0.3 PR_K + 2, entropy =
     2 + ent_coef PR_K / 100 (+ the arm's delta), pr_wk = 60 - 50 p.
     Arms: ``arms[arm][i]`` is seed i's entropy delta (arm - baseline, constant), and
     ``key[arm][i]`` scales that seed's pr_wk and PR_K by 1 + key; ``wk[arm][i]``, if
