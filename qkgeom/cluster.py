@@ -55,9 +55,9 @@ def _read_cluster_file(p: Path) -> tuple[dict[str, Any], str]:
     try:
         cfg = yaml.safe_load(p.read_text())
     except yaml.YAMLError as e:
-        from qkgeom.sweep import _parse_error
+        from qkgeom.sweep import parse_error
 
-        raise ClusterConfigError(f"{p}: cannot parse YAML: {_parse_error(e)}") from None
+        raise ClusterConfigError(f"{p}: cannot parse YAML: {parse_error(e)}") from None
     if not isinstance(cfg, dict):
         raise ClusterConfigError(f"{p}: expected a mapping at the top level")
     return cfg, str(p)

@@ -216,13 +216,13 @@ def load_spec_file(path: str | Path) -> dict[str, Any]:
         else:
             data = yaml.safe_load(text)
     except Exception as e:  # yaml/toml parse errors carry the line number
-        raise SpecError(f"spec file {str(p)!r}: cannot parse: {_parse_error(e)}") from None
+        raise SpecError(f"spec file {str(p)!r}: cannot parse: {parse_error(e)}") from None
     if not isinstance(data, dict):
         raise SpecError(f"spec file {str(p)!r}: expected a mapping at the top level")
     return data
 
 
-def _parse_error(e: Exception) -> str:
+def parse_error(e: Exception) -> str:
     """One line from a YAML or TOML parse error, with its line and column."""
     mark = getattr(e, "problem_mark", None)
     if isinstance(e, yaml.MarkedYAMLError) and mark is not None:

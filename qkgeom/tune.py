@@ -1,9 +1,10 @@
 """Sweeps on Ray Tune: the driver, which plans, records and runs a sweep's trials.
 
-Ray lives in three small modules: this driver, :mod:`qkgeom.tune_trial` (the function
-trainable each trial runs in a Ray worker) and :mod:`qkgeom.tune_callbacks` (the
-driver-side Tune callbacks and stop signals); cluster files and launching are
-:mod:`qkgeom.cluster`'s. The trainable runs :func:`qkgeom.train.train` per trial and
+Ray lives in four small modules: this driver, :mod:`qkgeom.tune_trial` (the function
+trainable each trial runs in a Ray worker), :mod:`qkgeom.tune_callbacks` (the
+driver-side Tune callbacks and stop signals) and :mod:`qkgeom.tune_ray` (starting,
+checking and stopping the Ray instance); experiment names and a sweep's files are
+:mod:`qkgeom.sweep_files`'s (no Ray), cluster files and launching :mod:`qkgeom.cluster`'s. The trainable runs :func:`qkgeom.train.train` per trial and
 reports every probe through ``tune.report`` with a ``tune.Checkpoint``; a failed trial
 restarts from its last checkpoint (``FailureConfig.max_failures``) and
 ``train(resume_from=...)`` continues with exactly the numbers an uninterrupted run
@@ -36,17 +37,12 @@ Pitfalls settled here (see ../shared/RAY.md):
 from __future__ import annotations
 
 import json
-import logging
-import os
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import ray
 from ray import tune
 
 from qkgeom.errors import QkgeomError
@@ -57,12 +53,28 @@ from qkgeom.sweep import (
     TrialSpec,
     build_plan,
 )
+from qkgeom.sweep_files import (
+    EXPERIMENT_PREFIX,
+    STORAGE_KEY,
+    arm_experiments,
+    default_storage,
+    experiment_path,
+    join_storage,
+    plain_spec,
+)
 from qkgeom.tune_callbacks import (
     DRIVER,
     DbWriter,
     ProgressReporter,
     install_signal_handlers,
     restore_signal_handlers,
+)
+from qkgeom.tune_ray import (
+    check_resources,
+    gpus_per_trial,
+    init_ray,
+    shutdown,
+    warn_unplaceable,
 )
 from qkgeom.tune_trial import trainable, trial_dirname, trial_name, worker_corpus
 
@@ -78,8 +90,6 @@ __all__ = ["DbWriter", "ProgressReporter", "SweepError", "SweepOptions", "absolu
 # Tune unpickles an experiment's callbacks on resume, and experiments saved by earlier
 # versions name them qkgeom.tune.DbWriter and qkgeom.tune.Progress: both still resolve.
 Progress = ProgressReporter
-EXPERIMENT_PREFIX = "qkgeom-"
-STORAGE_KEY = "_ray_storage"  # in the stored spec: the Tune storage of the sweep's run
 
 
 # ---------------------------------------------------------------------- the driver
@@ -105,22 +115,6 @@ class SweepOptions:
     extra_env: dict[str, str] = field(default_factory=dict)
 
 
-def default_storage() -> str:
-    return os.environ.get("QKGEOM_RAY_STORAGE") or str(Path.home() / "ray_results")
-
-
-def experiment_path(name: str, storage: str | None = None) -> str:
-    return _join(storage or default_storage(), f"{EXPERIMENT_PREFIX}{name}")
-
-
-def _join(storage: str, name: str) -> str:
-    """``storage/name`` for a path or a URI (``Path`` would turn ``s3://b`` into ``s3:/b``)."""
-    if "://" in storage:
-        base, _, query = storage.partition("?")
-        return base.rstrip("/") + "/" + name + (f"?{query}" if query else "")
-    return str(Path(storage).expanduser() / name)
-
-
 def code_version() -> str:
     """``__version__+h<content hash>``: the shipped wheel's version on a cluster node."""
     from qkgeom.ship import code_version as shipped_version
@@ -135,97 +129,6 @@ def absolute_sqlite_url(url: str) -> str:
         if path and path != ":memory:" and not path.startswith("/"):
             return "sqlite:///" + str(Path(path).resolve())
     return url
-
-
-def init_ray(opts: SweepOptions) -> None:
-    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
-    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # no TB/CSV/JSON spam
-    os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")  # resume loses little after a kill
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0: no Ray tables
-    for name in ("ray", "ray.train", "ray.data"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    # Tune logs every trial failure with a full traceback; ProgressReporter prints one line
-    # instead and the database keeps the error text
-    logging.getLogger("ray.tune").setLevel(logging.CRITICAL)
-    env = dict(opts.extra_env)
-    if ray.is_initialized():
-        return
-    kwargs: dict[str, Any] = dict(logging_level=logging.ERROR, log_to_driver=False,
-                                  include_dashboard=False, configure_logging=True)
-    if env:
-        kwargs["runtime_env"] = {"env_vars": env}
-    if opts.address:
-        ray.init(address=opts.address, **kwargs)
-    else:
-        tmp = opts.ray_temp_dir
-        if tmp is None:  # ours: removed again by shutdown()
-            tmp = DRIVER["ray_tmp"] = tempfile.mkdtemp(prefix="qkray-", dir="/tmp")
-        before = _child_pids()
-        ray.init(num_cpus=opts.num_cpus or os.cpu_count() or 1, _temp_dir=tmp, **kwargs)
-        # the local instance's own processes (GCS, raylet, ...; workers are the raylet's
-        # children): shutdown() waits for these, never for other children of this process
-        DRIVER["ray_pids"] = sorted(_child_pids() - before)
-
-
-def _child_pids() -> set[int]:
-    import psutil
-
-    return {c.pid for c in psutil.Process().children()}
-
-
-def _local_gpus() -> int:
-    try:
-        import torch
-
-        return int(torch.cuda.device_count())
-    except Exception:
-        return 0
-
-
-def check_resources(opts: SweepOptions) -> None:
-    """Refuse a sweep whose trials can never be placed (they would wait forever).
-
-    Local Ray: against this machine's CPUs (``num_cpus``) and GPUs. A running cluster
-    (``--address``) may grow through its autoscaler, so it is only warned about, after
-    connecting (:func:`_warn_unplaceable`); ``--cluster`` checks the cluster file's node
-    types (:func:`qkgeom.cluster.check_cluster_resources`).
-    """
-    if opts.max_concurrent is not None and opts.max_concurrent < 1:
-        raise SweepError("--max-concurrent must be at least 1 (leave it out for no limit)")
-    if opts.address is not None:
-        return
-    cpus = opts.num_cpus or os.cpu_count() or 1
-    if opts.cpus_per_trial > cpus:
-        raise SweepError(f"--cpus-per-trial {opts.cpus_per_trial:g} is more than this "
-                         f"machine's {cpus} CPUs: no trial could ever start; use at most {cpus}")
-    gpus = opts.gpus_per_trial or 0.0
-    if gpus > 0:
-        have = _local_gpus()
-        if gpus > have:
-            raise SweepError(f"--gpus-per-trial {gpus:g} is more than this machine's {have} "
-                             f"GPU(s): no trial could ever start; use at most {have}"
-                             + (" (or drop it: CPU trials)" if have == 0 else ""))
-
-
-def _warn_unplaceable(cpus: float, gpus: float, say: Any) -> None:
-    """Warn when no live node of a running cluster fits one trial right now."""
-    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
-    if nodes and not any(r.get("CPU", 0) >= cpus and r.get("GPU", 0) >= gpus for r in nodes):
-        say(f"warning: no node of the cluster has {cpus:g} CPU and {gpus:g} GPU free for one "
-            "trial now; trials stay pending until the autoscaler adds such a node")
-
-
-def _gpus_per_trial(opts: SweepOptions) -> float:
-    if opts.gpus_per_trial is not None:
-        return float(opts.gpus_per_trial)
-    return 0.25 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
-
-
-def _plain_spec(spec: dict | None) -> dict | None:
-    """A stored spec without the run bookkeeping (:data:`STORAGE_KEY`)."""
-    if spec is None:
-        return None
-    return {k: v for k, v in spec.items() if k != STORAGE_KEY}
 
 
 def stored_storage(db_url: str, name: str) -> str | None:
@@ -249,7 +152,7 @@ def prepare_db(plan: SweepPlan, db_url: str, *, resume: bool, threads: int,
 
     with open_store(db_url) as store:
         raw = store.sweep_spec(plan.name)
-        _check_stored_spec(store, plan, _plain_spec(raw), resume)
+        _check_stored_spec(store, plan, plain_spec(raw), resume)
         storage = storage or (raw or {}).get(STORAGE_KEY)  # keep the recorded one
         spec = dict(plan.spec, **({STORAGE_KEY: storage} if storage else {}))
         sid = store.ensure_sweep(plan.name, spec, code_version())
@@ -296,7 +199,7 @@ def plan_for_resume(name: str, db_url: str) -> SweepPlan:
             names = ", ".join(sweeps["name"].to_list()) or "none"
             raise SweepError(f"no sweep named {name!r} in {store.safe_url} (sweeps: {names}); "
                              "start it without --resume")
-        spec = _plain_spec(json.loads(row["spec"][0]))
+        spec = plain_spec(json.loads(row["spec"][0]))
     return build_plan(spec, name=name)
 
 
@@ -313,7 +216,7 @@ def _run_phase(plan: SweepPlan, trials: list[TrialSpec], exp_name: str, opts: Sw
     created. ``skip``: keys that must not train in it (they return at once, unrecorded).
     ``new``: an experiment this run creates for trials of a resumed sweep that never ran
     in one (all of ``trials`` run, from scratch)."""
-    path = _join(storage, exp_name)
+    path = join_storage(storage, exp_name)
     resources = {"cpu": opts.cpus_per_trial, "gpu": gpus}
     direct_url = DRIVER["db_url"] if opts.direct_writes else None
     restore = tune.Tuner.can_restore(path)
@@ -350,30 +253,7 @@ def _run_phase(plan: SweepPlan, trials: list[TrialSpec], exp_name: str, opts: Sw
     if restore:
         tuner = tune.Tuner.restore(path, fn, resume_unfinished=True, resume_errored=True)
     else:
-        space = {"trial": tune.grid_search([_with_threads(t, threads) for t in trials]),
-                 "sweep": plan.name, "snapshots": plan.snapshots}
-        tuner = tune.Tuner(
-            fn,
-            param_space=space,
-            tune_config=tune.TuneConfig(
-                max_concurrent_trials=opts.max_concurrent or None,
-                trial_dirname_creator=trial_dirname,
-                trial_name_creator=trial_name,
-                # one process per concurrent slot: torch/ray imports (~7 s) paid once
-                reuse_actors=True,
-            ),
-            run_config=tune.RunConfig(
-                name=exp_name,
-                storage_path=storage,
-                failure_config=tune.FailureConfig(max_failures=opts.max_failures),
-                # Tune keeps every checkpoint; DbWriter prunes them safely (see _prune)
-                checkpoint_config=tune.CheckpointConfig(num_to_keep=None),
-                callbacks=[DbWriter(plan.name, opts.direct_writes,
-                                    keep_recent_s=opts.prune_age_s),
-                           ProgressReporter(opts.progress_every_s)],
-                verbose=0,
-            ),
-        )
+        tuner = _new_tuner(fn, plan, trials, exp_name, opts, storage, threads)
     DRIVER["in_fit"], DRIVER["forwarded"] = True, False
     DRIVER.pop("callback_error", None)
     try:
@@ -391,6 +271,35 @@ def _run_phase(plan: SweepPlan, trials: list[TrialSpec], exp_name: str, opts: Sw
                          f"qkgeom sweep --resume --name {plan.name}") from None
     finally:
         DRIVER["in_fit"] = False
+
+
+def _new_tuner(fn: Any, plan: SweepPlan, trials: list[TrialSpec], exp_name: str,
+               opts: SweepOptions, storage: str, threads: int) -> Any:
+    """A fresh Tune experiment ``exp_name`` over ``trials``, with qkgeom's callbacks."""
+    space = {"trial": tune.grid_search([_with_threads(t, threads) for t in trials]),
+             "sweep": plan.name, "snapshots": plan.snapshots}
+    return tune.Tuner(
+        fn,
+        param_space=space,
+        tune_config=tune.TuneConfig(
+            max_concurrent_trials=opts.max_concurrent or None,
+            trial_dirname_creator=trial_dirname,
+            trial_name_creator=trial_name,
+            # one process per concurrent slot: torch/ray imports (~7 s) paid once
+            reuse_actors=True,
+        ),
+        run_config=tune.RunConfig(
+            name=exp_name,
+            storage_path=storage,
+            failure_config=tune.FailureConfig(max_failures=opts.max_failures),
+            # Tune keeps every checkpoint; DbWriter prunes them safely (see _prune)
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=None),
+            callbacks=[DbWriter(plan.name, opts.direct_writes,
+                                keep_recent_s=opts.prune_age_s),
+                       ProgressReporter(opts.progress_every_s)],
+            verbose=0,
+        ),
+    )
 
 
 def interrupted_by() -> str | None:
@@ -487,9 +396,9 @@ def _run(plan: SweepPlan, opts: SweepOptions, db_url: str, storage: str, threads
     init_ray(opts)
     # after ray.init, whose core worker installs its own SIGTERM handler (it logs and dies)
     DRIVER["old_handlers"] = install_signal_handlers()
-    gpus = _gpus_per_trial(opts)
+    gpus = gpus_per_trial(opts)
     if opts.address is not None:
-        _warn_unplaceable(opts.cpus_per_trial, gpus, say)
+        warn_unplaceable(opts.cpus_per_trial, gpus, say)
     say(f"sweep {plan.name}: {len(plan.trials)} trials, {opts.cpus_per_trial:g} CPU and "
         f"{gpus:g} GPU per trial, database {safe_url(db_url)}, Ray storage "
         f"{experiment_path(plan.name, storage)}")
@@ -506,17 +415,6 @@ def _run(plan: SweepPlan, opts: SweepOptions, db_url: str, storage: str, threads
     return {"name": plan.name, "wall_s": time.perf_counter() - t0, "trials": statuses,
             "errors": sum(1 for s in statuses.values() if s != "terminated"),
             "db_url": db_url, "sweep_id": sid, "interrupted": why, "waiting": waiting}
-
-
-def _arm_experiments(plan: SweepPlan, storage: str) -> Any:
-    """Names for the arm phase's Tune experiments: ``qkgeom-NAME-arms``, then ``-arms-2``,
-    ``-arms-3``, ... (a later resume adds one for arms that could not run before)."""
-    base = f"{EXPERIMENT_PREFIX}{plan.name}-arms"
-    yield base
-    k = 2
-    while True:
-        yield f"{base}-{k}"
-        k += 1
 
 
 def _run_arms(plan: SweepPlan, later: list[TrialSpec], opts: SweepOptions, db_url: str,
@@ -543,7 +441,7 @@ def _run_arms(plan: SweepPlan, later: list[TrialSpec], opts: SweepOptions, db_ur
         k for k, v in trial_statuses(db_url, plan.name).items() if v == "terminated")
     say(f"sweep {plan.name}: {len(arms.run)} arm trial(s) with baseline-relative targets")
     run_keys = {t.key for t in arms.run}
-    names = _arm_experiments(plan, storage)
+    names = arm_experiments(plan.name)
     used: set[str] = set()
     fresh = [t for t in arms.run if t.key in arms.stale or not arms.experiments.get(t.key)]
     groups: dict[str, list[TrialSpec]] = {}
@@ -551,7 +449,7 @@ def _run_arms(plan: SweepPlan, later: list[TrialSpec], opts: SweepOptions, db_ur
         exp = arms.experiments.get(t.key)
         if t.key in arms.stale or not exp:
             continue
-        if tune.Tuner.can_restore(_join(storage, exp)):
+        if tune.Tuner.can_restore(join_storage(storage, exp)):
             groups.setdefault(exp, []).append(t)
         else:  # recorded, but its experiment is gone (another --storage, deleted)
             fresh.append(t)
@@ -566,7 +464,7 @@ def _run_arms(plan: SweepPlan, later: list[TrialSpec], opts: SweepOptions, db_ur
     if fresh:
         taken = _recorded_experiments(db_url, plan.name) | used
         exp = next(n for n in names
-                   if n not in taken and not tune.Tuner.can_restore(_join(storage, n)))
+                   if n not in taken and not tune.Tuner.can_restore(join_storage(storage, n)))
         with open_store(db_url) as store:
             pairing.set_experiment(store, plan.name, arms, [t.key for t in fresh], exp)
         _run_phase(plan, fresh, exp, opts, storage, threads, gpus, new=True)
@@ -587,37 +485,6 @@ def trial_statuses(db_url: str, sweep: str) -> dict[str, str]:
     with open_store(db_url) as store:
         df = store.trials(sweep)
     return dict(zip(df["trial_key"].to_list(), df["status"].to_list()))
-
-
-def shutdown() -> None:
-    """Disconnect from Ray (stopping a local instance) and remove our scratch dir.
-
-    The processes of a local instance this process started (GCS, raylet and the workers
-    below them) are waited for and, if still there after a few seconds, killed: none
-    outlives us. Other children of this process (a notebook's, a test's) are left alone.
-    """
-    import psutil
-
-    pids, procs = DRIVER.pop("ray_pids", None) or [], []
-    for pid in pids if ray.is_initialized() else []:
-        try:
-            p = psutil.Process(pid)
-            if p.ppid() == os.getpid():  # still ours, not a reused pid
-                procs += [p, *p.children(recursive=True)]
-        except psutil.Error:
-            pass
-    if ray.is_initialized():
-        ray.shutdown()
-    _, alive = psutil.wait_procs(procs, timeout=15)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=5)
-    tmp = DRIVER.pop("ray_tmp", None)
-    if tmp:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":  # pragma: no cover

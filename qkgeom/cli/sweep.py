@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -19,7 +20,9 @@ if TYPE_CHECKING:
     from qkgeom.sweep import SweepPlan
 
 
-@main.command()
+# a group that runs a sweep when no subcommand is named: `qkgeom sweep --preset smoke` and
+# every other existing invocation keep working beside `qkgeom sweep delete`
+@main.group(invoke_without_command=True)
 @click.option("--preset", "preset_name", default=None, metavar="NAME",
               help="Sweep preset: smoke, cpu or paper (default smoke).")
 @click.option("--spec", "spec_file", type=click.Path(dir_okay=False), default=None,
@@ -67,13 +70,21 @@ if TYPE_CHECKING:
               help="Seconds between progress lines when nothing changes.")
 @click.option("--prune-age", type=float, default=60.0, hidden=True,
               help="Seconds before a superseded resume checkpoint is pruned (tests).")
-def sweep(preset_name: str | None, spec_file: str | None, name: str | None, db: str | None,
-          data: str | None, sets: tuple[str, ...], address: str | None,
+@click.pass_context
+def sweep(ctx: click.Context, preset_name: str | None, spec_file: str | None,
+          name: str | None, db: str | None, data: str | None, sets: tuple[str, ...],
+          address: str | None,
           cluster_file: str | None, dry_run: bool, resume: bool, gpus_per_trial: float | None,
           cpus_per_trial: float, max_concurrent: int | None, max_failures: int,
           direct_writes: bool, storage: str | None, snapshots: str | None,
           progress_every: float, prune_age: float) -> None:
-    """Run a study (geometry grid + intervention arms) on Ray Tune into the database."""
+    """Run a study (geometry grid + intervention arms) on Ray Tune into the database.
+
+    With a command instead (qkgeom sweep delete --name NAME), act on a stored sweep.
+    """
+    if ctx.invoked_subcommand is not None:
+        _refuse_run_options(ctx)
+        return
     from qkgeom.sweep import plan_from
 
     with user_errors():
@@ -102,6 +113,20 @@ def sweep(preset_name: str | None, spec_file: str | None, name: str | None, db: 
                   max_concurrent=max_concurrent, max_failures=max_failures,
                   direct_writes=direct_writes, progress_every_s=progress_every,
                   prune_age_s=prune_age)
+
+
+def _refuse_run_options(ctx: click.Context) -> None:
+    """Options of a run given before a subcommand (``qkgeom sweep --name x delete``) would
+    be silently ignored: refuse them, naming where they go."""
+    from click.core import ParameterSource
+
+    given = [p.opts[0] for p in ctx.command.params if isinstance(p, click.Option)
+             and ctx.get_parameter_source(p.name) == ParameterSource.COMMANDLINE]
+    if given:
+        raise click.UsageError(
+            f"{', '.join(given)} before '{ctx.invoked_subcommand}' belong to a sweep run; "
+            f"give the command's own options after it: qkgeom sweep "
+            f"{ctx.invoked_subcommand} --help")
 
 
 def _check_sweep_args(address: str | None, cluster_file: str | None, cpus_per_trial: float,
@@ -313,3 +338,72 @@ def status(name: str | None, db: str | None, as_json: bool) -> None:
                                 for k, v in r.items()} for r in rows], indent=1))
     else:
         click.echo(format_status(rows))
+
+
+@sweep.command("delete")
+@click.option("--name", required=True, help="The sweep to delete.")
+@db_option
+@click.option("--yes", is_flag=True, help="Delete without asking.")
+@click.option("--dry-run", is_flag=True, help="List what would be deleted; change nothing.")
+def delete(name: str, db: str | None, yes: bool, dry_run: bool) -> None:
+    """Delete a sweep: its rows (trials, probes, metrics, training steps, checkpoints) and
+    its files (Tune experiment directories, resume checkpoints, weight snapshots).
+
+    Other sweeps' rows and files are not touched. Asks first, unless --yes.
+    """
+    from qkgeom.store import open_store, resolve_url
+    from qkgeom.store.engine import sqlite_path
+    from qkgeom.sweep_files import plan_removal, remove_sweep
+
+    with user_errors():
+        url = resolve_url(db)
+        path = sqlite_path(url) if url.startswith("sqlite") else None
+        if path is not None and not Path(path).exists():
+            from qkgeom.errors import QkgeomError
+
+            raise QkgeomError(f"no database at {path}: nothing to delete (check --db)")
+        with open_store(url, create=False) as store:
+            plan = plan_removal(store, name)
+            click.echo(format_removal(plan))
+            if dry_run:
+                click.echo("--dry-run: nothing was deleted")
+                return
+            if not yes:
+                click.confirm(f"delete sweep {name}, its rows and these files?", abort=True)
+            rows = remove_sweep(store, plan)
+    click.echo(f"deleted sweep {name}: {_rows_text(rows)}; removed {len(plan.paths)} "
+               f"path(s), {_size_text(plan.bytes)}")
+
+
+_ROW_WORDS = {"trials": "trials", "probes": "probes", "probe_metrics": "metric values",
+              "train_steps": "training steps", "checkpoints": "checkpoint rows"}
+
+
+def _rows_text(rows: dict[str, int]) -> str:
+    return ", ".join(f"{n:,} {_ROW_WORDS.get(t, t + ' rows')}" for t, n in rows.items())
+
+
+def _size_text(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def format_removal(plan: Any) -> str:
+    """The listing ``qkgeom sweep delete`` shows before it deletes (and with --dry-run)."""
+    lines = [f"sweep {plan.name} in {plan.db}: {_rows_text(plan.rows)}"]
+    if plan.running:
+        lines.append(f"warning: {len(plan.running)} trial(s) are recorded as running "
+                     f"({', '.join(plan.running[:3])}{', ...' if len(plan.running) > 3 else ''}"
+                     "); if their sweep still runs, stop it first")
+    if plan.storage is None:
+        lines.append("no Ray storage is recorded for it: only its recorded checkpoint "
+                     "locations are removed")
+    lines.append(f"files: {len(plan.paths)} path(s), {_size_text(plan.bytes)}")
+    lines += [f"  {loc}" for loc, _ in plan.paths]
+    if plan.gone:
+        lines.append(f"  ({plan.gone} recorded location(s) no longer exist)")
+    for loc, why in plan.kept:
+        lines.append(f"kept: {loc} ({why})")
+    return "\n".join(lines)

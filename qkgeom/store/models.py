@@ -236,6 +236,9 @@ class PretrainedMetric(Base):
 
 
 TABLES = [t.name for t in Base.metadata.sorted_tables]
+# the tables whose rows belong to one trial (``trial_id``), in the order messages list
+# them: deleting a sweep deletes them (tests check that every such table is here)
+TRIAL_TABLES = [m.__table__ for m in (Probe, ProbeMetric, TrainStep, Checkpoint)]
 VIEWS = [
     "v_metrics", "v_layer_metrics", "v_head_means", "v_trajectories", "v_final", "v_pretrained",
 ]

@@ -352,6 +352,35 @@ class Reads(StoreBase):
         with self._read() as conn:
             return [(int(r.step), str(r.kind), str(r.location)) for r in conn.execute(q)]
 
+    def checkpoint_locations(self) -> list[tuple[str, str]]:
+        """``(sweep name, location)`` of every ``checkpoints`` row of every sweep."""
+        from sqlalchemy import select
+
+        c, t, s = Checkpoint.__table__, Trial.__table__, Sweep.__table__
+        q = (select(s.c.name, c.c.location).join(t, t.c.id == c.c.trial_id)
+             .join(s, s.c.id == t.c.sweep_id).order_by(s.c.name, c.c.location))
+        with self._read() as conn:
+            return [(str(n), str(loc)) for n, loc in conn.execute(q)]
+
+    def sweep_row_counts(self, name: str) -> dict[str, int]:
+        """How many rows sweep ``name`` has in ``trials`` and in each table of trial rows
+        (probes, probe_metrics, ...): what deleting it removes."""
+        from sqlalchemy import bindparam, func, select
+
+        from qkgeom.store.models import TRIAL_TABLES
+
+        t = Trial.__table__
+        sid = self.require_sweep(name)
+        ids = select(t.c.id).where(t.c.sweep_id == bindparam("sid")).scalar_subquery()
+        out = {}
+        with self._read() as conn:
+            out["trials"] = int(conn.execute(select(func.count()).select_from(t).where(
+                t.c.sweep_id == bindparam("sid")), {"sid": sid}).scalar_one())
+            for tab in TRIAL_TABLES:
+                q = select(func.count()).select_from(tab).where(tab.c.trial_id.in_(ids))
+                out[tab.name] = int(conn.execute(q, {"sid": sid}).scalar_one())
+        return out
+
     def pretrained_revisions(self, model: str) -> set[str]:
         """Revisions of pretrained model ``model`` already stored (``pretrained_runs``)."""
         from sqlalchemy import select

@@ -189,3 +189,23 @@ class Store(ResultWrites, Reads):
                 .values(status="interrupted", ended_at=now_utc()))
         with self._write() as conn:
             return int(conn.execute(stmt).rowcount)
+
+    def delete_sweep(self, name: str) -> dict[str, int]:
+        """Delete sweep ``name`` and every row of its trials, in one transaction (files are
+        :func:`qkgeom.sweep_files.remove_sweep`'s). Returns the rows deleted per table, as
+        :meth:`sweep_row_counts` counts them."""
+        from sqlalchemy import bindparam, select
+
+        from qkgeom.store.models import TRIAL_TABLES
+
+        s, t = Sweep.__table__, Trial.__table__
+        sid = self.require_sweep(name)
+        ids = select(t.c.id).where(t.c.sweep_id == bindparam("sid")).scalar_subquery()
+        out: dict[str, int] = {}
+        with self._write() as conn:
+            for tab in TRIAL_TABLES:  # explicitly, not by cascade: counted, on any backend
+                out[tab.name] = int(conn.execute(tab.delete().where(tab.c.trial_id.in_(ids)),
+                                                 {"sid": sid}).rowcount or 0)
+            out["trials"] = int(conn.execute(t.delete().where(t.c.sweep_id == sid)).rowcount)
+            conn.execute(s.delete().where(s.c.id == sid))
+        return {"trials": out.pop("trials"), **out}
