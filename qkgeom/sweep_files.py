@@ -148,10 +148,19 @@ class SweepRemoval:
     kept: list[tuple[str, str]] = field(default_factory=list)  # (location, why not removed)
     gone: int = 0  # recorded checkpoint locations that no longer exist
     running: list[str] = field(default_factory=list)  # trials the database holds as running
+    live: list[str] = field(default_factory=list)  # ... of them with a fresh heartbeat
 
     @property
     def bytes(self) -> int:
         return sum(n for _, n in self.paths)
+
+    def check_stopped(self) -> None:
+        """Refuse to delete a sweep whose driver still sends heartbeats."""
+        if self.live:
+            raise QkgeomError(
+                f"sweep {self.name} is running ({len(self.live)} trial(s) with a recent "
+                f"heartbeat, e.g. {self.live[0]}); stop its driver first (Ctrl-C), then "
+                f"delete it")
 
 
 def plan_removal(store: Store, name: str) -> SweepRemoval:
@@ -159,18 +168,26 @@ def plan_removal(store: Store, name: str) -> SweepRemoval:
 
     The files: the sweep's experiment directories in its recorded storage, and every
     checkpoint location of its trials that lies outside them. A path another sweep of
-    the database could own is kept (listed with the reason, see the module doc).
+    the database could own is kept (listed with the reason, see the module doc). Running
+    trials with a fresh heartbeat (:mod:`qkgeom.lifecycle`) are ``live``: their sweep
+    is not deleted while its driver runs.
     """
     import json
 
+    from qkgeom.lifecycle import no_heartbeat_s
+
     store.require_sweep(name)
-    sweeps = {r["name"]: json.loads(r["spec"]) for r in store.sweeps().iter_rows(named=True)}
+    frame = store.sweeps()
+    sweeps = {r["name"]: json.loads(r["spec"]) for r in frame.iter_rows(named=True)}
+    every = dict(zip(frame["name"], frame["heartbeat_s"]))[name]
     storage = (sweeps[name] or {}).get(STORAGE_KEY)
     locations = store.checkpoint_locations()
-    trials = store.trials(name)
+    running = store.trials(name).filter(status="running")
     plan = SweepRemoval(name=name, db=store.safe_url, rows=store.sweep_row_counts(name),
-                        storage=storage,
-                        running=sorted(trials.filter(status="running")["trial_key"]))
+                        storage=storage, running=sorted(running["trial_key"]))
+    plan.live = sorted(t["trial_key"] for t in running.iter_rows(named=True)
+                       if every is not None and no_heartbeat_s(
+                           "running", t["heartbeat_at"], t["started_at"], every) is None)
     theirs = [(s, _key(loc)) for s, loc in locations if s != name]
     storages = {s: _key(spec[STORAGE_KEY]) for s, spec in sweeps.items()
                 if s != name and (spec or {}).get(STORAGE_KEY)}
@@ -222,6 +239,7 @@ def remove_sweep(store: Store, plan: SweepRemoval) -> dict[str, int]:
     """
     import pyarrow.fs as pafs
 
+    plan.check_stopped()
     for loc, _ in plan.paths:
         fs, path = open_location(loc)
         try:

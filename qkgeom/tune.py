@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 from ray import tune
 
 from qkgeom.errors import QkgeomError
-from qkgeom.lifecycle import mark_interrupted
+from qkgeom.lifecycle import HEARTBEAT_S, mark_interrupted
 from qkgeom.sweep import (
     SweepError,
     SweepPlan,
@@ -109,6 +109,8 @@ class SweepOptions:
     # superseded resume checkpoints older than this are pruned (tests shorten it)
     prune_age_s: float = 60.0
     progress_every_s: float = 10.0
+    # seconds between heartbeats of the running trials (qkgeom.lifecycle; tests shorten it)
+    heartbeat_s: float = HEARTBEAT_S
     num_cpus: int | None = None  # local Ray only (default: all cores)
     ray_temp_dir: str | None = None  # local Ray only (default: a fresh dir under /tmp)
     quiet: bool = False
@@ -141,12 +143,14 @@ def stored_storage(db_url: str, name: str) -> str | None:
 
 
 def prepare_db(plan: SweepPlan, db_url: str, *, resume: bool, threads: int,
-               storage: str | None = None) -> tuple[int, int]:
+               storage: str | None = None, heartbeat_s: float | None = None
+               ) -> tuple[int, int]:
     """Insert the sweep and every trial (pending) before anything runs.
 
     Returns ``(sweep_id, n_interrupted)``; on resume, rows a dead driver left ``running``
     become ``interrupted`` first. ``storage`` (the Tune storage root of this run) is
-    recorded in the stored spec under :data:`STORAGE_KEY`, for later resumes.
+    recorded in the stored spec under :data:`STORAGE_KEY`, for later resumes;
+    ``heartbeat_s`` (the interval of this run's heartbeats) in ``sweeps.heartbeat_s``.
     """
     from qkgeom.store import open_store
 
@@ -155,7 +159,7 @@ def prepare_db(plan: SweepPlan, db_url: str, *, resume: bool, threads: int,
         _check_stored_spec(store, plan, plain_spec(raw), resume)
         storage = storage or (raw or {}).get(STORAGE_KEY)  # keep the recorded one
         spec = dict(plan.spec, **({STORAGE_KEY: storage} if storage else {}))
-        sid = store.ensure_sweep(plan.name, spec, code_version())
+        sid = store.ensure_sweep(plan.name, spec, code_version(), heartbeat_s=heartbeat_s)
         n_int = store.mark_running_interrupted(sid) if resume else 0
         for t in plan.trials:
             cfg = dict(t.config, threads=threads)
@@ -344,13 +348,14 @@ def run_sweep(plan: SweepPlan, opts: SweepOptions) -> dict[str, Any]:
         for dataset in sorted({t.config.get("dataset", "default") for t in plan.trials}):
             worker_corpus(dataset)
     sid, n_int = prepare_db(plan, db_url, resume=opts.resume, threads=threads,
-                            storage=storage)
+                            storage=storage, heartbeat_s=opts.heartbeat_s)
     say = (lambda *a: None) if opts.quiet else (lambda *a: print(*a, flush=True))
     if n_int:
         say(f"marked {n_int} trial(s) left running by a dead driver as interrupted")
     DRIVER["db_url"] = db_url
     DRIVER["storage"] = storage
     DRIVER["say"] = say
+    DRIVER["heartbeat_s"] = opts.heartbeat_s
     for k in ("interrupted", "forwarded", "callback_error"):
         DRIVER.pop(k, None)
     DRIVER["plan_steps"] = {t.key: int(t.config["max_steps"]) for t in plan.trials}

@@ -70,6 +70,9 @@ if TYPE_CHECKING:
               help="Seconds between progress lines when nothing changes.")
 @click.option("--prune-age", type=float, default=60.0, hidden=True,
               help="Seconds before a superseded resume checkpoint is pruned (tests).")
+@click.option("--heartbeat-every", "heartbeat_s", type=click.FloatRange(min=0.1),
+              default=None, hidden=True,
+              help="Seconds between the running trials' heartbeats (default 30; tests).")
 @click.pass_context
 def sweep(ctx: click.Context, preset_name: str | None, spec_file: str | None,
           name: str | None, db: str | None, data: str | None, sets: tuple[str, ...],
@@ -77,7 +80,7 @@ def sweep(ctx: click.Context, preset_name: str | None, spec_file: str | None,
           cluster_file: str | None, dry_run: bool, resume: bool, gpus_per_trial: float | None,
           cpus_per_trial: float, max_concurrent: int | None, max_failures: int,
           direct_writes: bool, storage: str | None, snapshots: str | None,
-          progress_every: float, prune_age: float) -> None:
+          progress_every: float, prune_age: float, heartbeat_s: float | None) -> None:
     """Run a study (geometry grid + intervention arms) on Ray Tune into the database.
 
     With a command instead (qkgeom sweep delete --name NAME), act on a stored sweep.
@@ -112,7 +115,7 @@ def sweep(ctx: click.Context, preset_name: str | None, spec_file: str | None,
                   cpus_per_trial=cpus_per_trial, gpus_per_trial=gpus_per_trial,
                   max_concurrent=max_concurrent, max_failures=max_failures,
                   direct_writes=direct_writes, progress_every_s=progress_every,
-                  prune_age_s=prune_age)
+                  prune_age_s=prune_age, **({"heartbeat_s": heartbeat_s} if heartbeat_s else {}))
 
 
 def _refuse_run_options(ctx: click.Context) -> None:
@@ -269,39 +272,61 @@ def _is_pg(db: str) -> bool:
 
 
 def status_rows(db: str | None, name: str | None) -> list[dict[str, Any]]:
-    """Per-trial progress of sweep ``name`` (or the only sweep) from the database."""
+    """Per-trial progress of sweep ``name`` (or the only sweep) from the database.
+
+    A running trial whose driver stopped sending heartbeats has ``stale`` true,
+    ``no_heartbeat_s`` (seconds) and a ``note`` that says what to do
+    (:func:`qkgeom.lifecycle.no_heartbeat_s`).
+    """
+    from datetime import datetime, timezone
+
+    from qkgeom.lifecycle import no_heartbeat_s, stale_note
     from qkgeom.store import open_store
 
     with open_store(db, create=False, readonly=True) as store:
+        sweeps = store.sweeps()
         if name is None:
-            sweeps = store.sweeps()["name"].to_list()
-            if len(sweeps) != 1:
+            if sweeps.height != 1:
                 from qkgeom.errors import QkgeomError
 
-                raise QkgeomError(f"the database holds {len(sweeps)} sweeps "
-                                  f"({', '.join(sweeps) or 'none'}); pick one with --name")
-            name = sweeps[0]
+                names = sweeps["name"].to_list()
+                raise QkgeomError(f"the database holds {len(names)} sweeps "
+                                  f"({', '.join(names) or 'none'}); pick one with --name")
+            name = sweeps["name"][0]
         sid = store.require_sweep(name)
-        trials = store.trials(name).select(
-            "id", "trial_key", "status", "attempts", "host", "device", "config", "error",
-            "test_loss")
+        every = dict(zip(sweeps["name"], sweeps["heartbeat_s"])).get(name)
+        trials = store.trials(name)
         last_by = store.last_probes(sid)
         n_snaps = store.snapshot_counts(sid)
+    now = datetime.now(timezone.utc)
     rows = []
-    for tid, key, status, attempts, host, device, config, error, test in trials.iter_rows():
-        cfg = json.loads(config) if isinstance(config, str) else (config or {})
-        step, val = last_by.get(tid, (None, math.nan))
-        rows.append(dict(trial=key, status=status, attempts=attempts,
+    for t in trials.iter_rows(named=True):
+        cfg = json.loads(t["config"]) if isinstance(t["config"], str) else (t["config"] or {})
+        step, val = last_by.get(t["id"], (None, math.nan))
+        age = no_heartbeat_s(t["status"], t["heartbeat_at"], t["started_at"], every, now)
+        beat = t["heartbeat_at"]
+        rows.append(dict(trial=t["trial_key"], status=t["status"], attempts=t["attempts"],
                          step=step, max_steps=cfg.get("max_steps"), val_loss=val,
-                         snapshots=n_snaps.get(tid, 0),
-                         test_loss=math.nan if test is None else test,
-                         host=host or "", device=device or "",
-                         error=(error or "").strip().splitlines()[-1:] or [""]))
-        rows[-1]["error"] = rows[-1]["error"][0][:80]
+                         snapshots=n_snaps.get(t["id"], 0),
+                         test_loss=math.nan if t["test_loss"] is None else t["test_loss"],
+                         host=t["host"] or "", device=t["device"] or "",
+                         error=((t["error"] or "").strip().splitlines()[-1:] or [""])[0][:80],
+                         heartbeat_at=None if beat is None else _utc(beat).isoformat(),
+                         stale=age is not None,
+                         no_heartbeat_s=None if age is None else round(age, 1),
+                         note="" if age is None else stale_note(age, name)))
     return rows
 
 
+def _utc(t: Any) -> Any:
+    """A stored timestamp as UTC (SQLite gives them back naive)."""
+    from datetime import timezone
+
+    return t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t.astimezone(timezone.utc)
+
+
 def format_status(rows: list[dict[str, Any]]) -> str:
+    """The status table: a stale running trial shows its note in the error column."""
     head = ["trial", "status", "tries", "step", "val_loss", "test_loss", "snaps", "host",
             "device", "error"]
 
@@ -314,14 +339,17 @@ def format_status(rows: list[dict[str, Any]]) -> str:
         err = r["error"] if r["status"] in ("error", "pending", "interrupted") else ""
         body.append([r["trial"], r["status"], str(r["attempts"]), step, loss(r["val_loss"]),
                      loss(r.get("test_loss")), str(r.get("snapshots", 0)), r["host"],
-                     r["device"], err])
+                     r["device"], r.get("note") or err])
     widths = [max(len(x) for x in col) for col in zip(head, *body)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()
              for row in [head, *body]]
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
-    lines.append(", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+    n_stale = sum(1 for r in rows if r.get("stale"))
+    lines.append(", ".join(f"{v} {k}" + (f" ({n_stale} stale: no heartbeat)"
+                                         if k == "running" and n_stale else "")
+                           for k, v in sorted(counts.items())))
     return "\n".join(lines)
 
 
@@ -330,7 +358,11 @@ def format_status(rows: list[dict[str, Any]]) -> str:
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 def status(name: str | None, db: str | None, as_json: bool) -> None:
-    """Per-trial progress of a sweep, read from the database (works while it runs)."""
+    """Per-trial progress of a sweep, read from the database (works while it runs).
+
+    A running trial whose driver stopped sending heartbeats (killed, its machine gone)
+    is shown as stale, with how long; qkgeom sweep --resume marks it interrupted.
+    """
     with user_errors():
         rows = status_rows(db, name)
     if as_json:
@@ -368,6 +400,7 @@ def delete(name: str, db: str | None, yes: bool, dry_run: bool) -> None:
             if dry_run:
                 click.echo("--dry-run: nothing was deleted")
                 return
+            plan.check_stopped()
             if not yes:
                 click.confirm(f"delete sweep {name}, its rows and these files?", abort=True)
             rows = remove_sweep(store, plan)
@@ -394,9 +427,11 @@ def format_removal(plan: Any) -> str:
     """The listing ``qkgeom sweep delete`` shows before it deletes (and with --dry-run)."""
     lines = [f"sweep {plan.name} in {plan.db}: {_rows_text(plan.rows)}"]
     if plan.running:
+        names = ", ".join(plan.running[:3]) + (", ..." if len(plan.running) > 3 else "")
+        state = (f"{len(plan.live)} with a recent heartbeat: the sweep runs" if plan.live
+                 else "no recent heartbeat: their driver is gone, or it sends none")
         lines.append(f"warning: {len(plan.running)} trial(s) are recorded as running "
-                     f"({', '.join(plan.running[:3])}{', ...' if len(plan.running) > 3 else ''}"
-                     "); if their sweep still runs, stop it first")
+                     f"({names}; {state})")
     if plan.storage is None:
         lines.append("no Ray storage is recorded for it: only its recorded checkpoint "
                      "locations are removed")

@@ -74,6 +74,9 @@ class Sweep(Base):
     spec: Mapped[dict] = mapped_column(JSONType)
     code_version: Mapped[str] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(Stamp)
+    # seconds between the heartbeats of the sweep's running trials, as its last run wrote
+    # them; NULL when no heartbeat is promised (qkgeom train --db, older databases)
+    heartbeat_s: Mapped[float | None] = mapped_column(Double)
 
 
 class Trial(Base):
@@ -112,6 +115,8 @@ class Trial(Base):
     # attempt, metric, digest of the target, Tune experiment); NULL otherwise
     # (qkgeom.pairing)
     baseline_ref: Mapped[dict | None] = mapped_column(JSONType)
+    # last sign of life of a running trial's driver (qkgeom.lifecycle judges staleness)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(Stamp)
 
 
 class Probe(Base):
