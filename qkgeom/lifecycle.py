@@ -6,15 +6,28 @@ sweep's driver-side Tune callback (:class:`qkgeom.tune_callbacks.DbWriter`) and
 ``qkgeom train --db`` (:mod:`qkgeom.cli.train`) move trials through here, so the two
 record a trial the same way; :func:`mark_interrupted` records a sweep that stopped
 short. No Ray, no torch: a thin layer over :meth:`qkgeom.store.Store.set_trial_status`.
+
+Heartbeats: while a sweep runs, its driver refreshes ``trials.heartbeat_at`` of the
+running trials on every result and at least every ``sweeps.heartbeat_s`` seconds
+(:data:`HEARTBEAT_S` unless the sweep sets another). A ``running`` trial whose heartbeat
+is older than :data:`STALE_AFTER` intervals has lost its driver (killed, its machine
+gone): :func:`no_heartbeat_s` tells, and :func:`stale_note` says so in the words
+``qkgeom status`` and the live page show. The writer's and the reader's clocks are
+assumed to agree within seconds (NTP).
 """
 
 from __future__ import annotations
 
 import json
+import math
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from qkgeom.store import Store
+
+HEARTBEAT_S = 30.0  # seconds between a running sweep's heartbeats (default)
+STALE_AFTER = 3  # heartbeat intervals without one before a running trial counts as stale
 
 
 class TrialLifecycle:
@@ -26,6 +39,10 @@ class TrialLifecycle:
     def started(self, trial_id: int) -> None:
         """An attempt starts: ``running`` and one more attempt."""
         self.store.set_trial_status(trial_id, "running", bump_attempts=True)
+
+    def alive(self, sweep_id: int, trial_id: int | None = None) -> None:
+        """A heartbeat for the sweep's running trials (only ``trial_id``, when given)."""
+        self.store.heartbeat(sweep_id, trial_id)
 
     def placed(self, trial_id: int, *, host: str | None, device: str | None) -> None:
         """The running attempt reported where it runs (its first result)."""
@@ -72,3 +89,36 @@ def mark_interrupted(db_url: str, sweep: str, why: str) -> int:
                 f"at step {step} of {ms} (its last probe)"
             lifecycle.interrupted(int(tid), f"interrupted by {why} {at}")
         return trials.height
+
+
+def duration_text(s: float) -> str:
+    """``45s``, ``2m10s``, ``1h05m``; ``?`` for an unknown (non-finite) duration."""
+    if not math.isfinite(s):
+        return "?"
+    s = int(round(s))
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    if s >= 60:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s}s"
+
+
+def no_heartbeat_s(status: str, heartbeat_at: datetime | None, started_at: datetime | None,
+                   heartbeat_s: float | None, now: datetime | None = None) -> float | None:
+    """Seconds since a ``running`` trial's last heartbeat (its start when it has none),
+    when that is more than :data:`STALE_AFTER` x ``heartbeat_s``: its driver is gone.
+    None for a live or a not-running trial, and when the sweep promises no heartbeat
+    (``heartbeat_s`` None). Naive datetimes (SQLite's) are UTC."""
+    last = heartbeat_at or started_at
+    if status != "running" or heartbeat_s is None or last is None:
+        return None
+    if last.tzinfo is None:
+        last = last.replace(tzinfo=timezone.utc)
+    age = ((now or datetime.now(timezone.utc)) - last).total_seconds()
+    return age if age > STALE_AFTER * heartbeat_s else None
+
+
+def stale_note(age_s: float, sweep: str) -> str:
+    """What ``qkgeom status`` and the live page say of a stale running trial."""
+    return (f"running, no heartbeat for {duration_text(age_s)}: the driver is gone? "
+            f"qkgeom sweep --resume --name {sweep} marks it interrupted")

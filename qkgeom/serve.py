@@ -374,7 +374,7 @@ class Server:
             step = "-" if r["step"] is None else f"{r['step']}/{r['max_steps'] or '?'}"
             cells = [f"<td>{_e(r['trial_key'])}</td>", _cell(r["depth"]), _cell(r["init"]),
                      _cell(r["arm"]), _cell(r["seed"]),
-                     f"<td class='s-{_e(r['status'])}'>{_e(r['status'])}</td>",
+                     _status_cell(r["status"], r["stale_s"]),
                      _cell(r["attempts"]), f"<td class='num'>{_e(step)}</td>",
                      _cell(r["val_loss"]), _cell(r["test_loss"]), _cell(r["host"]),
                      _cell(r["device"]),
@@ -447,6 +447,8 @@ def _sweep_header(st: Study, prog: dict[str, Any]) -> str:
             f"<p id='progress'><progress value='{prog['fraction']:.4f}' max='1'></progress> "
             f"{prog['fraction']:.1%} of training done; {prog['n_trials']} trials: "
             f"{_e(_counts(prog['status']))}"
+            + (f" <span class='s-stale'>({prog['stale']} running without a heartbeat: "
+               "the driver is gone?)</span>" if prog.get("stale") else "")
             + ("" if not provisional else " (study running or incomplete: verdicts are "
                "provisional)") + "</p>")
 
@@ -464,6 +466,12 @@ def _pending(got: Any) -> str:
     if isinstance(got, Failed):
         return f"could not compute it: {got.message}"
     return "being computed (this page reloads by itself)"
+
+
+def _status_cell(status: str, stale_s: float | None) -> str:
+    if stale_s is not None:  # running in the database, but its driver is gone
+        return f"<td class='s-stale'>{_e(status)} (stale)</td>"
+    return f"<td class='s-{_e(status)}'>{_e(status)}</td>"
 
 
 def _counts(status: dict[str, int]) -> str:

@@ -32,6 +32,7 @@ TRIAL_COLUMNS = {
     "arm": pl.String, "seed": pl.Int64, "status": pl.String, "attempts": pl.Int64,
     "step": pl.Int64, "max_steps": pl.Int64, "progress": pl.Float64, "val_loss": pl.Float64,
     "test_loss": pl.Float64, "host": pl.String, "device": pl.String, "error": pl.String,
+    "stale_s": pl.Float64,
 }
 
 
@@ -91,7 +92,15 @@ class Study:
         """One row per trial: trial_id, trial_key, depth, init, arm, seed, status, attempts,
         step (latest probe), max_steps, progress (step / max_steps; 1 once terminated),
         val_loss (at the latest probe), test_loss (once finished), host, device, error (the
-        last line of the trial's error text)."""
+        last line of the trial's error text), stale_s (a running trial's seconds without a
+        heartbeat once its driver is gone, else null; its error then says so)."""
+        from datetime import datetime, timezone
+
+        from qkgeom.lifecycle import no_heartbeat_s, stale_note
+
+        sweeps = self.store.sweeps()
+        every = dict(zip(sweeps["name"], sweeps["heartbeat_s"])).get(self.name)
+        now = datetime.now(timezone.utc)
         t = self.store.trials(self.name)
         last = Q.latest_probes(self.store, self.sweep_id)
         by = {int(r[0]): (r[1], r[2]) for r in last.iter_rows()}
@@ -107,6 +116,9 @@ class Study:
             else:
                 prog = 0.0
             err = (r["error"] or "").strip().splitlines()
+            stale = no_heartbeat_s(r["status"], r["heartbeat_at"], r["started_at"], every, now)
+            if stale is not None:
+                err = [stale_note(stale, self.name)]
             rows.append({
                 "trial_id": r["id"], "trial_key": r["trial_key"], "depth": r["depth"],
                 "init": r["init"], "arm": r["arm"], "seed": r["seed"], "status": r["status"],
@@ -114,16 +126,17 @@ class Study:
                 "max_steps": int(max_steps) if max_steps is not None else None,
                 "progress": prog, "val_loss": _num(val), "test_loss": _num(r["test_loss"]),
                 "host": r["host"] or "", "device": r["device"] or "",
-                "error": err[-1] if err else ""})
+                "error": err[-1] if err else "", "stale_s": stale})
         return pl.DataFrame(rows, schema=TRIAL_COLUMNS, orient="row" if rows else None)
 
     def progress(self) -> dict[str, Any]:
-        """The whole study's progress: n_trials, counts per status, fraction (mean of the
-        trials' progress), finished (every trial terminated)."""
+        """The whole study's progress: n_trials, counts per status, stale (running trials
+        whose driver is gone), fraction (mean of the trials' progress), finished (every
+        trial terminated)."""
         t = self.trials()
         counts = {s: n for s, n in t.group_by("status").len().sort("status").iter_rows()}
         n = t.height
-        return {"n_trials": n, "status": counts,
+        return {"n_trials": n, "status": counts, "stale": int(t["stale_s"].is_not_null().sum()),
                 "fraction": float(t["progress"].mean()) if n else 0.0,
                 "finished": n > 0 and counts.get(FINISHED, 0) == n}
 

@@ -2,9 +2,9 @@
 
 Ray lives in four small modules: this driver, :mod:`qkgeom.tune_trial` (the function
 trainable each trial runs in a Ray worker), :mod:`qkgeom.tune_callbacks` (the
-driver-side Tune callbacks and stop signals) and :mod:`qkgeom.ray_session` (starting,
-stopping and cleaning up the local Ray instance); cluster files and launching are
-:mod:`qkgeom.cluster`'s. The trainable runs :func:`qkgeom.train.train` per trial and
+driver-side Tune callbacks and stop signals) and :mod:`qkgeom.tune_ray` (starting,
+checking and stopping the Ray instance, and reaping one a killed driver left); experiment names and a sweep's files are
+:mod:`qkgeom.sweep_files`'s (no Ray), cluster files and launching :mod:`qkgeom.cluster`'s. The trainable runs :func:`qkgeom.train.train` per trial and
 reports every probe through ``tune.report`` with a ``tune.Checkpoint``; a failed trial
 restarts from its last checkpoint (``FailureConfig.max_failures``) and
 ``train(resume_from=...)`` continues with exactly the numbers an uninterrupted run
@@ -37,24 +37,30 @@ Pitfalls settled here (see ../shared/RAY.md):
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import ray
 from ray import tune
 
 from qkgeom.errors import QkgeomError
-from qkgeom.lifecycle import mark_interrupted
-from qkgeom.ray_session import init_ray, shutdown
+from qkgeom.lifecycle import HEARTBEAT_S, mark_interrupted
 from qkgeom.sweep import (
     SweepError,
     SweepPlan,
     TrialSpec,
     build_plan,
+)
+from qkgeom.sweep_files import (
+    EXPERIMENT_PREFIX,
+    STORAGE_KEY,
+    arm_experiments,
+    default_storage,
+    experiment_path,
+    join_storage,
+    plain_spec,
 )
 from qkgeom.trackers import check_trackers, tracker_callbacks
 from qkgeom.tune_callbacks import (
@@ -63,6 +69,13 @@ from qkgeom.tune_callbacks import (
     ProgressReporter,
     install_signal_handlers,
     restore_signal_handlers,
+)
+from qkgeom.tune_ray import (
+    check_resources,
+    gpus_per_trial,
+    init_ray,
+    shutdown,
+    warn_unplaceable,
 )
 from qkgeom.tune_trial import trainable, trial_dirname, trial_name, worker_corpus
 
@@ -78,8 +91,6 @@ __all__ = ["DbWriter", "ProgressReporter", "SweepError", "SweepOptions", "absolu
 # Tune unpickles an experiment's callbacks on resume, and experiments saved by earlier
 # versions name them qkgeom.tune.DbWriter and qkgeom.tune.Progress: both still resolve.
 Progress = ProgressReporter
-EXPERIMENT_PREFIX = "qkgeom-"
-STORAGE_KEY = "_ray_storage"  # in the stored spec: the Tune storage of the sweep's run
 
 
 # ---------------------------------------------------------------------- the driver
@@ -99,27 +110,13 @@ class SweepOptions:
     # superseded resume checkpoints older than this are pruned (tests shorten it)
     prune_age_s: float = 60.0
     progress_every_s: float = 10.0
+    # seconds between heartbeats of the running trials (qkgeom.lifecycle; tests shorten it)
+    heartbeat_s: float = HEARTBEAT_S
     num_cpus: int | None = None  # local Ray only (default: all cores)
     ray_temp_dir: str | None = None  # local Ray only (default: a fresh dir under /tmp)
     quiet: bool = False
     extra_env: dict[str, str] = field(default_factory=dict)
     loggers: tuple[str, ...] = ()  # opt-in trackers (qkgeom.trackers): tensorboard, ...
-
-
-def default_storage() -> str:
-    return os.environ.get("QKGEOM_RAY_STORAGE") or str(Path.home() / "ray_results")
-
-
-def experiment_path(name: str, storage: str | None = None) -> str:
-    return _join(storage or default_storage(), f"{EXPERIMENT_PREFIX}{name}")
-
-
-def _join(storage: str, name: str) -> str:
-    """``storage/name`` for a path or a URI (``Path`` would turn ``s3://b`` into ``s3:/b``)."""
-    if "://" in storage:
-        base, _, query = storage.partition("?")
-        return base.rstrip("/") + "/" + name + (f"?{query}" if query else "")
-    return str(Path(storage).expanduser() / name)
 
 
 def code_version() -> str:
@@ -138,61 +135,6 @@ def absolute_sqlite_url(url: str) -> str:
     return url
 
 
-def _local_gpus() -> int:
-    try:
-        import torch
-
-        return int(torch.cuda.device_count())
-    except Exception:
-        return 0
-
-
-def check_resources(opts: SweepOptions) -> None:
-    """Refuse a sweep whose trials can never be placed (they would wait forever).
-
-    Local Ray: against this machine's CPUs (``num_cpus``) and GPUs. A running cluster
-    (``--address``) may grow through its autoscaler, so it is only warned about, after
-    connecting (:func:`_warn_unplaceable`); ``--cluster`` checks the cluster file's node
-    types (:func:`qkgeom.cluster.check_cluster_resources`).
-    """
-    if opts.max_concurrent is not None and opts.max_concurrent < 1:
-        raise SweepError("--max-concurrent must be at least 1 (leave it out for no limit)")
-    if opts.address is not None:
-        return
-    cpus = opts.num_cpus or os.cpu_count() or 1
-    if opts.cpus_per_trial > cpus:
-        raise SweepError(f"--cpus-per-trial {opts.cpus_per_trial:g} is more than this "
-                         f"machine's {cpus} CPUs: no trial could ever start; use at most {cpus}")
-    gpus = opts.gpus_per_trial or 0.0
-    if gpus > 0:
-        have = _local_gpus()
-        if gpus > have:
-            raise SweepError(f"--gpus-per-trial {gpus:g} is more than this machine's {have} "
-                             f"GPU(s): no trial could ever start; use at most {have}"
-                             + (" (or drop it: CPU trials)" if have == 0 else ""))
-
-
-def _warn_unplaceable(cpus: float, gpus: float, say: Any) -> None:
-    """Warn when no live node of a running cluster fits one trial right now."""
-    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
-    if nodes and not any(r.get("CPU", 0) >= cpus and r.get("GPU", 0) >= gpus for r in nodes):
-        say(f"warning: no node of the cluster has {cpus:g} CPU and {gpus:g} GPU free for one "
-            "trial now; trials stay pending until the autoscaler adds such a node")
-
-
-def _gpus_per_trial(opts: SweepOptions) -> float:
-    if opts.gpus_per_trial is not None:
-        return float(opts.gpus_per_trial)
-    return 0.25 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
-
-
-def _plain_spec(spec: dict | None) -> dict | None:
-    """A stored spec without the run bookkeeping (:data:`STORAGE_KEY`)."""
-    if spec is None:
-        return None
-    return {k: v for k, v in spec.items() if k != STORAGE_KEY}
-
-
 def stored_storage(db_url: str, name: str) -> str | None:
     """The Tune storage the sweep's last run used, as recorded in the database."""
     from qkgeom.store import open_store
@@ -203,21 +145,23 @@ def stored_storage(db_url: str, name: str) -> str | None:
 
 
 def prepare_db(plan: SweepPlan, db_url: str, *, resume: bool, threads: int,
-               storage: str | None = None) -> tuple[int, int]:
+               storage: str | None = None, heartbeat_s: float | None = None
+               ) -> tuple[int, int]:
     """Insert the sweep and every trial (pending) before anything runs.
 
     Returns ``(sweep_id, n_interrupted)``; on resume, rows a dead driver left ``running``
     become ``interrupted`` first. ``storage`` (the Tune storage root of this run) is
-    recorded in the stored spec under :data:`STORAGE_KEY`, for later resumes.
+    recorded in the stored spec under :data:`STORAGE_KEY`, for later resumes;
+    ``heartbeat_s`` (the interval of this run's heartbeats) in ``sweeps.heartbeat_s``.
     """
     from qkgeom.store import open_store
 
     with open_store(db_url) as store:
         raw = store.sweep_spec(plan.name)
-        _check_stored_spec(store, plan, _plain_spec(raw), resume)
+        _check_stored_spec(store, plan, plain_spec(raw), resume)
         storage = storage or (raw or {}).get(STORAGE_KEY)  # keep the recorded one
         spec = dict(plan.spec, **({STORAGE_KEY: storage} if storage else {}))
-        sid = store.ensure_sweep(plan.name, spec, code_version())
+        sid = store.ensure_sweep(plan.name, spec, code_version(), heartbeat_s=heartbeat_s)
         n_int = store.mark_running_interrupted(sid) if resume else 0
         for t in plan.trials:
             cfg = dict(t.config, threads=threads)
@@ -261,7 +205,7 @@ def plan_for_resume(name: str, db_url: str) -> SweepPlan:
             names = ", ".join(sweeps["name"].to_list()) or "none"
             raise SweepError(f"no sweep named {name!r} in {store.safe_url} (sweeps: {names}); "
                              "start it without --resume")
-        spec = _plain_spec(json.loads(row["spec"][0]))
+        spec = plain_spec(json.loads(row["spec"][0]))
     return build_plan(spec, name=name)
 
 
@@ -278,7 +222,7 @@ def _run_phase(plan: SweepPlan, trials: list[TrialSpec], exp_name: str, opts: Sw
     created. ``skip``: keys that must not train in it (they return at once, unrecorded).
     ``new``: an experiment this run creates for trials of a resumed sweep that never ran
     in one (all of ``trials`` run, from scratch)."""
-    path = _join(storage, exp_name)
+    path = join_storage(storage, exp_name)
     resources = {"cpu": opts.cpus_per_trial, "gpu": gpus}
     direct_url = DRIVER["db_url"] if opts.direct_writes else None
     restore = tune.Tuner.can_restore(path)
@@ -315,7 +259,7 @@ def _run_phase(plan: SweepPlan, trials: list[TrialSpec], exp_name: str, opts: Sw
     if restore:
         tuner = tune.Tuner.restore(path, fn, resume_unfinished=True, resume_errored=True)
     else:
-        tuner = _new_tuner(plan, trials, exp_name, opts, storage, threads, fn)
+        tuner = _new_tuner(fn, plan, trials, exp_name, opts, storage, threads)
     DRIVER["in_fit"], DRIVER["forwarded"] = True, False
     DRIVER.pop("callback_error", None)
     try:
@@ -336,9 +280,9 @@ def _run_phase(plan: SweepPlan, trials: list[TrialSpec], exp_name: str, opts: Sw
         DRIVER["in_fit"] = False
 
 
-def _new_tuner(plan: SweepPlan, trials: list[TrialSpec], exp_name: str, opts: SweepOptions,
-               storage: str, threads: int, fn: Any) -> Any:
-    """A new Tune experiment over ``trials``, with qkgeom's callbacks."""
+def _new_tuner(fn: Any, plan: SweepPlan, trials: list[TrialSpec], exp_name: str,
+               opts: SweepOptions, storage: str, threads: int) -> Any:
+    """A fresh Tune experiment ``exp_name`` over ``trials``, with qkgeom's callbacks."""
     space = {"trial": tune.grid_search([_with_threads(t, threads) for t in trials]),
              "sweep": plan.name, "snapshots": plan.snapshots}
     return tune.Tuner(
@@ -409,13 +353,14 @@ def run_sweep(plan: SweepPlan, opts: SweepOptions) -> dict[str, Any]:
         for dataset in sorted({t.config.get("dataset", "default") for t in plan.trials}):
             worker_corpus(dataset)
     sid, n_int = prepare_db(plan, db_url, resume=opts.resume, threads=threads,
-                            storage=storage)
+                            storage=storage, heartbeat_s=opts.heartbeat_s)
     say = (lambda *a: None) if opts.quiet else (lambda *a: print(*a, flush=True))
     if n_int:
         say(f"marked {n_int} trial(s) left running by a dead driver as interrupted")
     DRIVER["db_url"] = db_url
     DRIVER["storage"] = storage
     DRIVER["say"] = say
+    DRIVER["heartbeat_s"] = opts.heartbeat_s
     for k in ("interrupted", "forwarded", "callback_error"):
         DRIVER.pop(k, None)
     DRIVER["plan_steps"] = {t.key: int(t.config["max_steps"]) for t in plan.trials}
@@ -461,9 +406,9 @@ def _run(plan: SweepPlan, opts: SweepOptions, db_url: str, storage: str, threads
     init_ray(opts)
     # after ray.init, whose core worker installs its own SIGTERM handler (it logs and dies)
     DRIVER["old_handlers"] = install_signal_handlers()
-    gpus = _gpus_per_trial(opts)
+    gpus = gpus_per_trial(opts)
     if opts.address is not None:
-        _warn_unplaceable(opts.cpus_per_trial, gpus, say)
+        warn_unplaceable(opts.cpus_per_trial, gpus, say)
     say(f"sweep {plan.name}: {len(plan.trials)} trials, {opts.cpus_per_trial:g} CPU and "
         f"{gpus:g} GPU per trial, database {safe_url(db_url)}, Ray storage "
         f"{experiment_path(plan.name, storage)}")
@@ -480,17 +425,6 @@ def _run(plan: SweepPlan, opts: SweepOptions, db_url: str, storage: str, threads
     return {"name": plan.name, "wall_s": time.perf_counter() - t0, "trials": statuses,
             "errors": sum(1 for s in statuses.values() if s != "terminated"),
             "db_url": db_url, "sweep_id": sid, "interrupted": why, "waiting": waiting}
-
-
-def _arm_experiments(plan: SweepPlan, storage: str) -> Any:
-    """Names for the arm phase's Tune experiments: ``qkgeom-NAME-arms``, then ``-arms-2``,
-    ``-arms-3``, ... (a later resume adds one for arms that could not run before)."""
-    base = f"{EXPERIMENT_PREFIX}{plan.name}-arms"
-    yield base
-    k = 2
-    while True:
-        yield f"{base}-{k}"
-        k += 1
 
 
 def _run_arms(plan: SweepPlan, later: list[TrialSpec], opts: SweepOptions, db_url: str,
@@ -517,7 +451,7 @@ def _run_arms(plan: SweepPlan, later: list[TrialSpec], opts: SweepOptions, db_ur
         k for k, v in trial_statuses(db_url, plan.name).items() if v == "terminated")
     say(f"sweep {plan.name}: {len(arms.run)} arm trial(s) with baseline-relative targets")
     run_keys = {t.key for t in arms.run}
-    names = _arm_experiments(plan, storage)
+    names = arm_experiments(plan.name)
     used: set[str] = set()
     fresh = [t for t in arms.run if t.key in arms.stale or not arms.experiments.get(t.key)]
     groups: dict[str, list[TrialSpec]] = {}
@@ -525,7 +459,7 @@ def _run_arms(plan: SweepPlan, later: list[TrialSpec], opts: SweepOptions, db_ur
         exp = arms.experiments.get(t.key)
         if t.key in arms.stale or not exp:
             continue
-        if tune.Tuner.can_restore(_join(storage, exp)):
+        if tune.Tuner.can_restore(join_storage(storage, exp)):
             groups.setdefault(exp, []).append(t)
         else:  # recorded, but its experiment is gone (another --storage, deleted)
             fresh.append(t)
@@ -540,7 +474,7 @@ def _run_arms(plan: SweepPlan, later: list[TrialSpec], opts: SweepOptions, db_ur
     if fresh:
         taken = _recorded_experiments(db_url, plan.name) | used
         exp = next(n for n in names
-                   if n not in taken and not tune.Tuner.can_restore(_join(storage, n)))
+                   if n not in taken and not tune.Tuner.can_restore(join_storage(storage, n)))
         with open_store(db_url) as store:
             pairing.set_experiment(store, plan.name, arms, [t.key for t in fresh], exp)
         _run_phase(plan, fresh, exp, opts, storage, threads, gpus, new=True)

@@ -4,7 +4,9 @@
 rows and, through :class:`qkgeom.lifecycle.TrialLifecycle`, the trial lifecycle (pending
 -> running -> error | terminated, attempts, host, device, checkpoints). With
 ``direct_writes`` (PostgreSQL only) the workers write their own probe rows and the
-callback keeps the lifecycle. :class:`ProgressReporter` prints one concise progress line.
+callback keeps the lifecycle, and the heartbeats of the running trials (on every result
+and every ``heartbeat_s`` seconds, :mod:`qkgeom.lifecycle`). :class:`ProgressReporter`
+prints one concise progress line.
 SIGINT/SIGTERM in the driver are forwarded into Tune's graceful stop
 (:func:`install_signal_handlers`).
 
@@ -28,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from ray.tune import Callback
 
 from qkgeom.errors import QkgeomError
+from qkgeom.lifecycle import HEARTBEAT_S, duration_text
 from qkgeom.sweep import SweepError
 from qkgeom.tune_trial import storage_location, trial_name
 
@@ -36,7 +39,8 @@ if TYPE_CHECKING:
     from qkgeom.store import Store
 
 # Driver-process state that must never be pickled into the experiment (see module doc):
-# db_url, storage, say, plan_steps, finished, finished_before, interrupted, in_fit, ...
+# db_url, storage, say, plan_steps, finished, finished_before, interrupted, in_fit,
+# heartbeat_s, ...
 DRIVER: dict[str, Any] = {}
 
 
@@ -91,6 +95,8 @@ class DbWriter(Callback):
             "_ids": {},  # trial key -> trials.id
             "_seen": set(),  # trials whose current attempt has reported
             "_ckpts": {},  # trial id -> [(time registered, step, location, Checkpoint)]
+            "_sid": None,  # sweeps.id
+            "_beat": -math.inf,  # monotonic time of the last heartbeat of all running trials
         }
 
     def __getstate__(self) -> dict[str, Any]:
@@ -118,11 +124,16 @@ class DbWriter(Callback):
             self._lifecycle = TrialLifecycle(self.store)
         return self._lifecycle
 
+    @property
+    def sweep_id(self) -> int:
+        if self._sid is None:
+            self._sid = self.store.require_sweep(self.sweep)
+        return self._sid
+
     def _tid(self, trial: Any) -> int:
         key = trial.config["trial"]["key"]
         if key not in self._ids:
-            sid = self.store.require_sweep(self.sweep)
-            tid = self.store.trial_id(sid, key)
+            tid = self.store.trial_id(self.sweep_id, key)
             if tid is None:
                 raise SweepError(f"trial {key} of sweep {self.sweep} is not in the database")
             self._ids[key] = tid
@@ -156,6 +167,15 @@ class DbWriter(Callback):
                                       kind="snapshot")
         if "test_loss" in result:
             self.lifecycle.result(tid, test_loss=result["test_loss"])
+        self.lifecycle.alive(self.sweep_id, tid)
+
+    @_recording
+    def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:
+        # between results too (a long probe interval): every heartbeat_s at most
+        now = time.monotonic()
+        if now - self._beat >= DRIVER.get("heartbeat_s", HEARTBEAT_S):
+            self._beat = now
+            self.lifecycle.alive(self.sweep_id)
 
     @_recording
     def on_checkpoint(self, iteration: int, trials: list, trial: Any, checkpoint: Any,
@@ -220,7 +240,7 @@ class DbWriter(Callback):
     def on_experiment_end(self, trials: list, **info: Any) -> None:
         if self._store is not None:
             self._store.close()
-            self._store = self._lifecycle = None
+            self._store = self._lifecycle = self._sid = None
 
 
 def _exists(fs: Any, path: str) -> bool:
@@ -230,17 +250,6 @@ def _exists(fs: Any, path: str) -> bool:
         return fs.get_file_info(path).type != pafs.FileType.NotFound
     except Exception:
         return True  # cannot tell: keep the row
-
-
-def _fmt_s(s: float) -> str:
-    if not math.isfinite(s):
-        return "?"
-    s = int(round(s))
-    if s >= 3600:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    if s >= 60:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s}s"
 
 
 class ProgressReporter(Callback):
@@ -312,8 +321,8 @@ class ProgressReporter(Callback):
         if counts["stopped"]:
             state += f", {counts['stopped']} stopped"
         since = DRIVER.get("sweep_t0", self._t0)
-        text = (f"[{_fmt_s(now - since):>6}] {state} | steps {steps}/{total} "
-                f"({100 * steps / max(total, 1):.0f}%) | ETA {_fmt_s(eta)}")
+        text = (f"[{duration_text(now - since):>6}] {state} | steps {steps}/{total} "
+                f"({100 * steps / max(total, 1):.0f}%) | ETA {duration_text(eta)}")
         return state, text
 
     def _maybe_print(self, trials: list, force: bool = False) -> None:

@@ -17,7 +17,7 @@ th,td{border:1px solid #ccc;padding:.2em .5em;vertical-align:top}
 th{background:#f3f3f3;text-align:left} th a{color:inherit;text-decoration:none}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
 .s-terminated{color:#1a7f1a}.s-running{color:#1f5fbf;font-weight:600}
-.s-error,.s-interrupted{color:#b00020;font-weight:600}.s-pending{color:#777}
+.s-error,.s-interrupted,.s-stale{color:#b00020;font-weight:600}.s-pending{color:#777}
 .v-holds{background:#e3f4e3;font-weight:600}.v-does{background:#fbe3e3;font-weight:600}
 .v-not{background:#f6f0d8;font-weight:600}.provisional{color:#8a6d00;font-weight:400}
 .note{color:#555}.err{color:#b00020} progress{width:20em} figure svg{max-width:100%;height:auto}

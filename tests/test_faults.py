@@ -365,7 +365,7 @@ def test_cpus_per_trial_beyond_the_machine_is_refused_before_anything(tmp_path):
 
 
 def test_gpus_per_trial_beyond_the_machine_is_refused(tmp_path):
-    from qkgeom.tune import _local_gpus
+    from qkgeom.tune_ray import _local_gpus
 
     want = _local_gpus() + 1
     out = _one_line(invoke("sweep", "--preset", "smoke", "--gpus-per-trial", str(want),

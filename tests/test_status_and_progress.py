@@ -57,13 +57,17 @@ def test_status_json_for_every_state(tmp_path):
     for key, (status, attempts, probes, host, device, error) in PLANTED.items():
         last = max(probes) if probes else None
         val = probes.get(last) if probes else None
+        beat = rows[key].pop("heartbeat_at")  # when it last went running, if it did
+        assert (beat is None) == (attempts == 0), key
         assert rows[key] == {
             "trial": key, "status": status, "attempts": attempts, "step": last,
             "max_steps": 40,
             "val_loss": None if val is None or math.isnan(val) else val,
             "snapshots": 0, "test_loss": None,  # none planted
             "host": host or "", "device": device or "",
-            "error": error.splitlines()[-1] if error else ""}, key
+            "error": error.splitlines()[-1] if error else "",
+            # no heartbeat interval recorded: nothing is judged stale (tests/test_lifecycle.py)
+            "stale": False, "no_heartbeat_s": None, "note": ""}, key
 
 
 def test_sweep_side_reads_on_both_backends(store):

@@ -293,3 +293,32 @@ def test_0005_adds_baseline_ref_and_keeps_rows_both_ways(db_url):
         cols = conn.execute(text("SELECT * FROM trials WHERE 1 = 0")).keys()
         assert "baseline_ref" not in list(cols)
     eng.dispose()
+
+
+def test_0006_adds_heartbeats_and_keeps_rows_both_ways(db_url):
+    upgrade(db_url, "0005_baseline_ref")
+    eng = create_engine(db_url)
+    with eng.begin() as conn:
+        conn.execute(text("INSERT INTO sweeps (id, name, spec, code_version, created_at) "
+                          "VALUES (1, 'old', '{}', 'v', CURRENT_TIMESTAMP)"))
+        conn.execute(text("INSERT INTO trials (id, sweep_id, trial_key, config, depth, init, "
+                          "arm, seed, status, attempts, created_at) VALUES (1, 1, 'k', '{}', "
+                          "2, 'gaussian', 'none', 0, 'running', 1, CURRENT_TIMESTAMP)"))
+    eng.dispose()
+    upgrade(db_url)
+    assert _version(db_url) == head_revision()
+    with open_store(db_url, create=False) as store:
+        # rows of older revisions promise no heartbeat: nothing is judged stale
+        assert store.sweeps()["heartbeat_s"].to_list() == [None]
+        assert store.trials("old")["heartbeat_at"].to_list() == [None]
+        assert store.heartbeat(1) == 1
+        assert store.trials("old")["heartbeat_at"][0] is not None
+    downgrade(db_url, "0005_baseline_ref")
+    eng = create_engine(db_url)
+    with eng.connect() as conn:
+        assert conn.execute(text("SELECT trial_key FROM trials")).scalar_one() == "k"
+        assert "heartbeat_at" not in list(conn.execute(text("SELECT * FROM trials WHERE 1 = 0"))
+                                          .keys())
+        assert "heartbeat_s" not in list(conn.execute(text("SELECT * FROM sweeps WHERE 1 = 0"))
+                                         .keys())
+    eng.dispose()

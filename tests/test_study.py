@@ -38,8 +38,8 @@ def test_frames_match_the_planted_values(planted: str) -> None:
         # 2 depths x 3 inits x 5 seeds grid + 2 arms x 5 seeds
         assert t.height == 40 and set(t["status"]) == {"terminated"}
         assert set(t["step"]) == {100} and set(t["max_steps"]) == {100}
-        assert s.progress() == {"n_trials": 40, "status": {"terminated": 40}, "fraction": 1.0,
-                                "finished": True}
+        assert s.progress() == {"n_trials": 40, "status": {"terminated": 40}, "stale": 0,
+                                "fraction": 1.0, "finished": True}
         # baseline pr_k = 12 + 0.14 p + layer - (0.5 + p); at p = 1, layer 1: 11.64
         traj = s.trajectories("pr_k", arm="none")
         row = traj.filter((traj["depth"] == 3) & (traj["init"] == "tied")

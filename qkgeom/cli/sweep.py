@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -19,7 +20,9 @@ if TYPE_CHECKING:
     from qkgeom.sweep import SweepPlan
 
 
-@main.command()
+# a group that runs a sweep when no subcommand is named: `qkgeom sweep --preset smoke` and
+# every other existing invocation keep working beside `qkgeom sweep delete`
+@main.group(invoke_without_command=True)
 @click.option("--preset", "preset_name", default=None, metavar="NAME",
               help="Sweep preset: smoke, cpu or paper (default smoke).")
 @click.option("--spec", "spec_file", type=click.Path(dir_okay=False), default=None,
@@ -73,13 +76,25 @@ if TYPE_CHECKING:
               "stays the source of truth (docs/sweeps.md, 'Trackers').")
 @click.option("--prune-age", type=float, default=60.0, hidden=True,
               help="Seconds before a superseded resume checkpoint is pruned (tests).")
-def sweep(preset_name: str | None, spec_file: str | None, name: str | None, db: str | None,
-          data: str | None, sets: tuple[str, ...], address: str | None,
+@click.option("--heartbeat-every", "heartbeat_s", type=click.FloatRange(min=0.1),
+              default=None, hidden=True,
+              help="Seconds between the running trials' heartbeats (default 30; tests).")
+@click.pass_context
+def sweep(ctx: click.Context, preset_name: str | None, spec_file: str | None,
+          name: str | None, db: str | None, data: str | None, sets: tuple[str, ...],
+          address: str | None,
           cluster_file: str | None, dry_run: bool, resume: bool, gpus_per_trial: float | None,
           cpus_per_trial: float, max_concurrent: int | None, max_failures: int,
           direct_writes: bool, storage: str | None, snapshots: str | None,
-          progress_every: float, prune_age: float, loggers: tuple[str, ...]) -> None:
-    """Run a study (geometry grid + intervention arms) on Ray Tune into the database."""
+          progress_every: float, prune_age: float, heartbeat_s: float | None,
+          loggers: tuple[str, ...]) -> None:
+    """Run a study (geometry grid + intervention arms) on Ray Tune into the database.
+
+    With a command instead (qkgeom sweep delete --name NAME), act on a stored sweep.
+    """
+    if ctx.invoked_subcommand is not None:
+        _refuse_run_options(ctx)
+        return
     from qkgeom.sweep import plan_from
 
     with user_errors():
@@ -112,7 +127,22 @@ def sweep(preset_name: str | None, spec_file: str | None, name: str | None, db: 
                   cpus_per_trial=cpus_per_trial, gpus_per_trial=gpus_per_trial,
                   max_concurrent=max_concurrent, max_failures=max_failures,
                   direct_writes=direct_writes, progress_every_s=progress_every,
-                  prune_age_s=prune_age, loggers=tuple(loggers))
+                  prune_age_s=prune_age, loggers=tuple(loggers),
+                  **({"heartbeat_s": heartbeat_s} if heartbeat_s else {}))
+
+
+def _refuse_run_options(ctx: click.Context) -> None:
+    """Options of a run given before a subcommand (``qkgeom sweep --name x delete``) would
+    be silently ignored: refuse them, naming where they go."""
+    from click.core import ParameterSource
+
+    given = [p.opts[0] for p in ctx.command.params if isinstance(p, click.Option)
+             and ctx.get_parameter_source(p.name) == ParameterSource.COMMANDLINE]
+    if given:
+        raise click.UsageError(
+            f"{', '.join(given)} before '{ctx.invoked_subcommand}' belong to a sweep run; "
+            f"give the command's own options after it: qkgeom sweep "
+            f"{ctx.invoked_subcommand} --help")
 
 
 def _check_sweep_args(address: str | None, cluster_file: str | None, cpus_per_trial: float,
@@ -255,39 +285,61 @@ def _is_pg(db: str) -> bool:
 
 
 def status_rows(db: str | None, name: str | None) -> list[dict[str, Any]]:
-    """Per-trial progress of sweep ``name`` (or the only sweep) from the database."""
+    """Per-trial progress of sweep ``name`` (or the only sweep) from the database.
+
+    A running trial whose driver stopped sending heartbeats has ``stale`` true,
+    ``no_heartbeat_s`` (seconds) and a ``note`` that says what to do
+    (:func:`qkgeom.lifecycle.no_heartbeat_s`).
+    """
+    from datetime import datetime, timezone
+
+    from qkgeom.lifecycle import no_heartbeat_s, stale_note
     from qkgeom.store import open_store
 
     with open_store(db, create=False, readonly=True) as store:
+        sweeps = store.sweeps()
         if name is None:
-            sweeps = store.sweeps()["name"].to_list()
-            if len(sweeps) != 1:
+            if sweeps.height != 1:
                 from qkgeom.errors import QkgeomError
 
-                raise QkgeomError(f"the database holds {len(sweeps)} sweeps "
-                                  f"({', '.join(sweeps) or 'none'}); pick one with --name")
-            name = sweeps[0]
+                names = sweeps["name"].to_list()
+                raise QkgeomError(f"the database holds {len(names)} sweeps "
+                                  f"({', '.join(names) or 'none'}); pick one with --name")
+            name = sweeps["name"][0]
         sid = store.require_sweep(name)
-        trials = store.trials(name).select(
-            "id", "trial_key", "status", "attempts", "host", "device", "config", "error",
-            "test_loss")
+        every = dict(zip(sweeps["name"], sweeps["heartbeat_s"])).get(name)
+        trials = store.trials(name)
         last_by = store.last_probes(sid)
         n_snaps = store.snapshot_counts(sid)
+    now = datetime.now(timezone.utc)
     rows = []
-    for tid, key, status, attempts, host, device, config, error, test in trials.iter_rows():
-        cfg = json.loads(config) if isinstance(config, str) else (config or {})
-        step, val = last_by.get(tid, (None, math.nan))
-        rows.append(dict(trial=key, status=status, attempts=attempts,
+    for t in trials.iter_rows(named=True):
+        cfg = json.loads(t["config"]) if isinstance(t["config"], str) else (t["config"] or {})
+        step, val = last_by.get(t["id"], (None, math.nan))
+        age = no_heartbeat_s(t["status"], t["heartbeat_at"], t["started_at"], every, now)
+        beat = t["heartbeat_at"]
+        rows.append(dict(trial=t["trial_key"], status=t["status"], attempts=t["attempts"],
                          step=step, max_steps=cfg.get("max_steps"), val_loss=val,
-                         snapshots=n_snaps.get(tid, 0),
-                         test_loss=math.nan if test is None else test,
-                         host=host or "", device=device or "",
-                         error=(error or "").strip().splitlines()[-1:] or [""]))
-        rows[-1]["error"] = rows[-1]["error"][0][:80]
+                         snapshots=n_snaps.get(t["id"], 0),
+                         test_loss=math.nan if t["test_loss"] is None else t["test_loss"],
+                         host=t["host"] or "", device=t["device"] or "",
+                         error=((t["error"] or "").strip().splitlines()[-1:] or [""])[0][:80],
+                         heartbeat_at=None if beat is None else _utc(beat).isoformat(),
+                         stale=age is not None,
+                         no_heartbeat_s=None if age is None else round(age, 1),
+                         note="" if age is None else stale_note(age, name)))
     return rows
 
 
+def _utc(t: Any) -> Any:
+    """A stored timestamp as UTC (SQLite gives them back naive)."""
+    from datetime import timezone
+
+    return t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t.astimezone(timezone.utc)
+
+
 def format_status(rows: list[dict[str, Any]]) -> str:
+    """The status table: a stale running trial shows its note in the error column."""
     head = ["trial", "status", "tries", "step", "val_loss", "test_loss", "snaps", "host",
             "device", "error"]
 
@@ -300,14 +352,17 @@ def format_status(rows: list[dict[str, Any]]) -> str:
         err = r["error"] if r["status"] in ("error", "pending", "interrupted") else ""
         body.append([r["trial"], r["status"], str(r["attempts"]), step, loss(r["val_loss"]),
                      loss(r.get("test_loss")), str(r.get("snapshots", 0)), r["host"],
-                     r["device"], err])
+                     r["device"], r.get("note") or err])
     widths = [max(len(x) for x in col) for col in zip(head, *body)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()
              for row in [head, *body]]
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
-    lines.append(", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+    n_stale = sum(1 for r in rows if r.get("stale"))
+    lines.append(", ".join(f"{v} {k}" + (f" ({n_stale} stale: no heartbeat)"
+                                         if k == "running" and n_stale else "")
+                           for k, v in sorted(counts.items())))
     return "\n".join(lines)
 
 
@@ -316,7 +371,11 @@ def format_status(rows: list[dict[str, Any]]) -> str:
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 def status(name: str | None, db: str | None, as_json: bool) -> None:
-    """Per-trial progress of a sweep, read from the database (works while it runs)."""
+    """Per-trial progress of a sweep, read from the database (works while it runs).
+
+    A running trial whose driver stopped sending heartbeats (killed, its machine gone)
+    is shown as stale, with how long; qkgeom sweep --resume marks it interrupted.
+    """
     with user_errors():
         rows = status_rows(db, name)
     if as_json:
@@ -324,3 +383,75 @@ def status(name: str | None, db: str | None, as_json: bool) -> None:
                                 for k, v in r.items()} for r in rows], indent=1))
     else:
         click.echo(format_status(rows))
+
+
+@sweep.command("delete")
+@click.option("--name", required=True, help="The sweep to delete.")
+@db_option
+@click.option("--yes", is_flag=True, help="Delete without asking.")
+@click.option("--dry-run", is_flag=True, help="List what would be deleted; change nothing.")
+def delete(name: str, db: str | None, yes: bool, dry_run: bool) -> None:
+    """Delete a sweep: its rows (trials, probes, metrics, training steps, checkpoints) and
+    its files (Tune experiment directories, resume checkpoints, weight snapshots).
+
+    Other sweeps' rows and files are not touched. Asks first, unless --yes.
+    """
+    from qkgeom.store import open_store, resolve_url
+    from qkgeom.store.engine import sqlite_path
+    from qkgeom.sweep_files import plan_removal, remove_sweep
+
+    with user_errors():
+        url = resolve_url(db)
+        path = sqlite_path(url) if url.startswith("sqlite") else None
+        if path is not None and not Path(path).exists():
+            from qkgeom.errors import QkgeomError
+
+            raise QkgeomError(f"no database at {path}: nothing to delete (check --db)")
+        with open_store(url, create=False) as store:
+            plan = plan_removal(store, name)
+            click.echo(format_removal(plan))
+            if dry_run:
+                click.echo("--dry-run: nothing was deleted")
+                return
+            plan.check_stopped()
+            if not yes:
+                click.confirm(f"delete sweep {name}, its rows and these files?", abort=True)
+            rows = remove_sweep(store, plan)
+    click.echo(f"deleted sweep {name}: {_rows_text(rows)}; removed {len(plan.paths)} "
+               f"path(s), {_size_text(plan.bytes)}")
+
+
+_ROW_WORDS = {"trials": "trials", "probes": "probes", "probe_metrics": "metric values",
+              "train_steps": "training steps", "checkpoints": "checkpoint rows"}
+
+
+def _rows_text(rows: dict[str, int]) -> str:
+    return ", ".join(f"{n:,} {_ROW_WORDS.get(t, t + ' rows')}" for t, n in rows.items())
+
+
+def _size_text(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def format_removal(plan: Any) -> str:
+    """The listing ``qkgeom sweep delete`` shows before it deletes (and with --dry-run)."""
+    lines = [f"sweep {plan.name} in {plan.db}: {_rows_text(plan.rows)}"]
+    if plan.running:
+        names = ", ".join(plan.running[:3]) + (", ..." if len(plan.running) > 3 else "")
+        state = (f"{len(plan.live)} with a recent heartbeat: the sweep runs" if plan.live
+                 else "no recent heartbeat: their driver is gone, or it sends none")
+        lines.append(f"warning: {len(plan.running)} trial(s) are recorded as running "
+                     f"({names}; {state})")
+    if plan.storage is None:
+        lines.append("no Ray storage is recorded for it: only its recorded checkpoint "
+                     "locations are removed")
+    lines.append(f"files: {len(plan.paths)} path(s), {_size_text(plan.bytes)}")
+    lines += [f"  {loc}" for loc, _ in plan.paths]
+    if plan.gone:
+        lines.append(f"  ({plan.gone} recorded location(s) no longer exist)")
+    for loc, why in plan.kept:
+        lines.append(f"kept: {loc} ({why})")
+    return "\n".join(lines)

@@ -172,7 +172,8 @@ class Recorder:
         self.url_shown = safe_url(url)
         self.store = open_store(url)
         self._check_existing(sweep_name, cfg)
-        sid = self.store.ensure_sweep(sweep_name, {"kind": "train"}, __version__)
+        sid = self.sweep_id = self.store.ensure_sweep(sweep_name, {"kind": "train"},
+                                                      __version__)
         self.trial_id = self.store.ensure_trial(
             sid, self.trial_key, cfg.to_dict(), depth=cfg.n_layer, init=cfg.init,
             arm=cfg.arm, seed=cfg.seed, status="running",
@@ -215,6 +216,8 @@ class Recorder:
         self.last = record
         if self.store is not None:
             self.store.write_probe(self.trial_id, record)
+            # last seen; a train run promises no interval, so it is never judged stale
+            self.lifecycle.alive(self.sweep_id, self.trial_id)
             if checkpoint is not None:
                 self.store.add_checkpoint(self.trial_id, record.step, str(Path(checkpoint)
                                                                               .resolve()))

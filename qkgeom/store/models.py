@@ -74,6 +74,9 @@ class Sweep(Base):
     spec: Mapped[dict] = mapped_column(JSONType)
     code_version: Mapped[str] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(Stamp)
+    # seconds between the heartbeats of the sweep's running trials, as its last run wrote
+    # them; NULL when no heartbeat is promised (qkgeom train --db, older databases)
+    heartbeat_s: Mapped[float | None] = mapped_column(Double)
 
 
 class Trial(Base):
@@ -112,6 +115,8 @@ class Trial(Base):
     # attempt, metric, digest of the target, Tune experiment); NULL otherwise
     # (qkgeom.pairing)
     baseline_ref: Mapped[dict | None] = mapped_column(JSONType)
+    # last sign of life of a running trial's driver (qkgeom.lifecycle judges staleness)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(Stamp)
 
 
 class Probe(Base):
@@ -236,6 +241,9 @@ class PretrainedMetric(Base):
 
 
 TABLES = [t.name for t in Base.metadata.sorted_tables]
+# the tables whose rows belong to one trial (``trial_id``), in the order messages list
+# them: deleting a sweep deletes them (tests check that every such table is here)
+TRIAL_TABLES = [m.__table__ for m in (Probe, ProbeMetric, TrainStep, Checkpoint)]
 VIEWS = [
     "v_metrics", "v_layer_metrics", "v_head_means", "v_trajectories", "v_final", "v_pretrained",
 ]

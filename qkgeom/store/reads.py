@@ -61,6 +61,7 @@ class TrialInfo:
     device: str | None
     test_loss: float | None = None  # nats/char at the end of training; None until then
     baseline_ref: dict | None = None  # arms filled from a baseline (qkgeom.pairing)
+    heartbeat_at: datetime | None = None  # last sign of life while running (qkgeom.lifecycle)
 
 
 class Reads(StoreBase):
@@ -95,7 +96,8 @@ class Reads(StoreBase):
             return None, result.rowcount
 
     def sweeps(self) -> Any:
-        """Every sweep: id, name, code_version, created_at, spec (JSON text), n_trials."""
+        """Every sweep: id, name, code_version, created_at, spec (JSON text), n_trials,
+        heartbeat_s (seconds between its running trials' heartbeats, null for none)."""
         import polars as pl
         from sqlalchemy import func, select
 
@@ -103,14 +105,16 @@ class Reads(StoreBase):
         n = (select(func.count()).select_from(t).where(t.c.sweep_id == s.c.id)
              .scalar_subquery())
         q = select(s.c.id, s.c.name, s.c.code_version, s.c.created_at, s.c.spec,
-                   n.label("n_trials")).order_by(s.c.id)
+                   n.label("n_trials"), s.c.heartbeat_s).order_by(s.c.id)
         with self._read() as conn:
             rows = conn.execute(q).all()
         return pl.DataFrame(
             [dict(id=r.id, name=r.name, code_version=r.code_version, created_at=r.created_at,
-                  spec=json.dumps(r.spec, sort_keys=True), n_trials=r.n_trials) for r in rows],
+                  spec=json.dumps(r.spec, sort_keys=True), n_trials=r.n_trials,
+                  heartbeat_s=r.heartbeat_s) for r in rows],
             schema={"id": pl.Int64, "name": pl.String, "code_version": pl.String,
-                    "created_at": pl.Datetime("us"), "spec": pl.String, "n_trials": pl.Int64},
+                    "created_at": pl.Datetime("us"), "spec": pl.String, "n_trials": pl.Int64,
+                    "heartbeat_s": pl.Float64},
         )
 
     def sweep_id(self, name: str) -> int | None:
@@ -167,6 +171,7 @@ class Reads(StoreBase):
             "created_at": pl.Datetime("us"), "started_at": pl.Datetime("us"),
             "ended_at": pl.Datetime("us"), "host": pl.String, "device": pl.String,
             "test_loss": pl.Float64, "baseline_ref": pl.String,
+            "heartbeat_at": pl.Datetime("us"),
         }
         return pl.DataFrame(rows, schema=schema, orient="row" if not rows else None)
 
@@ -351,6 +356,35 @@ class Reads(StoreBase):
              .where(s.c.name == sweep, t.c.trial_key == trial_key).order_by(c.c.step))
         with self._read() as conn:
             return [(int(r.step), str(r.kind), str(r.location)) for r in conn.execute(q)]
+
+    def checkpoint_locations(self) -> list[tuple[str, str]]:
+        """``(sweep name, location)`` of every ``checkpoints`` row of every sweep."""
+        from sqlalchemy import select
+
+        c, t, s = Checkpoint.__table__, Trial.__table__, Sweep.__table__
+        q = (select(s.c.name, c.c.location).join(t, t.c.id == c.c.trial_id)
+             .join(s, s.c.id == t.c.sweep_id).order_by(s.c.name, c.c.location))
+        with self._read() as conn:
+            return [(str(n), str(loc)) for n, loc in conn.execute(q)]
+
+    def sweep_row_counts(self, name: str) -> dict[str, int]:
+        """How many rows sweep ``name`` has in ``trials`` and in each table of trial rows
+        (probes, probe_metrics, ...): what deleting it removes."""
+        from sqlalchemy import bindparam, func, select
+
+        from qkgeom.store.models import TRIAL_TABLES
+
+        t = Trial.__table__
+        sid = self.require_sweep(name)
+        ids = select(t.c.id).where(t.c.sweep_id == bindparam("sid")).scalar_subquery()
+        out = {}
+        with self._read() as conn:
+            out["trials"] = int(conn.execute(select(func.count()).select_from(t).where(
+                t.c.sweep_id == bindparam("sid")), {"sid": sid}).scalar_one())
+            for tab in TRIAL_TABLES:
+                q = select(func.count()).select_from(tab).where(tab.c.trial_id.in_(ids))
+                out[tab.name] = int(conn.execute(q, {"sid": sid}).scalar_one())
+        return out
 
     def pretrained_revisions(self, model: str) -> set[str]:
         """Revisions of pretrained model ``model`` already stored (``pretrained_runs``)."""

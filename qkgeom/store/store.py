@@ -80,14 +80,18 @@ class Store(ResultWrites, Reads):
     """An open results database. Not picklable (it holds an engine): pass the URL to
     other processes and call :func:`open_store` there. Close with :meth:`close`."""
     # ------------------------------------------------------------------ sweeps, trials
-    def ensure_sweep(self, name: str, spec: dict, code_version: str) -> int:
-        """The id of sweep ``name``, created if new; spec and code_version are updated."""
+    def ensure_sweep(self, name: str, spec: dict, code_version: str, *,
+                     heartbeat_s: float | None = None) -> int:
+        """The id of sweep ``name``, created if new; spec, code_version and heartbeat_s (the
+        seconds between its running trials' heartbeats, None for none) are updated."""
         ins = self._insert(Sweep.__table__).values(
-            name=name, spec=spec, code_version=code_version, created_at=now_utc()
+            name=name, spec=spec, code_version=code_version, created_at=now_utc(),
+            heartbeat_s=heartbeat_s,
         )
         stmt = ins.on_conflict_do_update(
             index_elements=["name"],
-            set_={"spec": ins.excluded.spec, "code_version": ins.excluded.code_version},
+            set_={"spec": ins.excluded.spec, "code_version": ins.excluded.code_version,
+                  "heartbeat_s": ins.excluded.heartbeat_s},
         ).returning(Sweep.__table__.c.id)
         with self._write() as conn:
             sweep_id = conn.execute(stmt).scalar_one()
@@ -135,7 +139,8 @@ class Store(ResultWrites, Reads):
                          bump_attempts: bool = False) -> None:
         """Move a trial to ``status``.
 
-        ``running`` sets started_at (the first time only) and clears ended_at; a terminal
+        ``running`` sets started_at (the first time only) and heartbeat_at, and clears
+        ended_at; a terminal
         status (error, interrupted, terminated) sets ended_at. ``error``, ``host`` and
         ``device`` are written when given (an earlier error text is kept otherwise).
         """
@@ -147,6 +152,7 @@ class Store(ResultWrites, Reads):
         values: dict[str, Any] = {"status": status}
         if status == "running":
             values["started_at"] = func.coalesce(t.c.started_at, now)
+            values["heartbeat_at"] = now
             values["ended_at"] = None
         elif status in TERMINAL:
             values["ended_at"] = now
@@ -162,6 +168,16 @@ class Store(ResultWrites, Reads):
             n = conn.execute(t.update().where(t.c.id == trial_id).values(**values)).rowcount
         if n == 0:
             raise QkgeomError(f"no trial with id {trial_id} in {self.safe_url}")
+
+    def heartbeat(self, sweep_id: int, trial_id: int | None = None) -> int:
+        """A sign of life: ``heartbeat_at`` = now for the sweep's ``running`` trials (only
+        ``trial_id``, when given). Returns how many rows it touched."""
+        t = Trial.__table__
+        stmt = t.update().where(t.c.sweep_id == sweep_id, t.c.status == "running")
+        if trial_id is not None:
+            stmt = stmt.where(t.c.id == trial_id)
+        with self._write() as conn:
+            return int(conn.execute(stmt.values(heartbeat_at=now_utc())).rowcount or 0)
 
     def set_baseline_ref(self, trial_id: int, ref: dict | None) -> None:
         """Record which baseline an arm's target came from (``trials.baseline_ref``,
@@ -189,3 +205,23 @@ class Store(ResultWrites, Reads):
                 .values(status="interrupted", ended_at=now_utc()))
         with self._write() as conn:
             return int(conn.execute(stmt).rowcount)
+
+    def delete_sweep(self, name: str) -> dict[str, int]:
+        """Delete sweep ``name`` and every row of its trials, in one transaction (files are
+        :func:`qkgeom.sweep_files.remove_sweep`'s). Returns the rows deleted per table, as
+        :meth:`sweep_row_counts` counts them."""
+        from sqlalchemy import bindparam, select
+
+        from qkgeom.store.models import TRIAL_TABLES
+
+        s, t = Sweep.__table__, Trial.__table__
+        sid = self.require_sweep(name)
+        ids = select(t.c.id).where(t.c.sweep_id == bindparam("sid")).scalar_subquery()
+        out: dict[str, int] = {}
+        with self._write() as conn:
+            for tab in TRIAL_TABLES:  # explicitly, not by cascade: counted, on any backend
+                out[tab.name] = int(conn.execute(tab.delete().where(tab.c.trial_id.in_(ids)),
+                                                 {"sid": sid}).rowcount or 0)
+            out["trials"] = int(conn.execute(t.delete().where(t.c.sweep_id == sid)).rowcount)
+            conn.execute(s.delete().where(s.c.id == sid))
+        return {"trials": out.pop("trials"), **out}

@@ -1,11 +1,11 @@
-"""The local Ray instance of a qkgeom process: starting it, stopping it, and cleaning up
-after a killed one.
+"""The Ray instance a sweep runs on: starting a local one (or joining a cluster),
+checking that trials fit it, stopping it with every process it started, and reaping the
+instances of drivers that were killed before they could stop theirs
+(:func:`reap_orphaned_ray`).
 
-:func:`init_ray` starts (or joins, with an address) Ray with qkgeom's settings; a local
-instance gets its own temp dir ``/tmp/qkray-*``, which :func:`shutdown` removes with the
-instance's processes, and which :func:`reap_orphaned_ray` removes for drivers that were
-killed before they could. Sweeps (:mod:`qkgeom.tune`) and the pretrained fan-out
-(:mod:`qkgeom.pretrained.ray_probe`) both start Ray here.
+Part of the driver (:mod:`qkgeom.tune`); what it shares with the rest of the driver
+(the local instance's scratch directory and processes) lives in
+:data:`qkgeom.tune_callbacks.DRIVER`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
+from qkgeom.sweep import SweepError
 from qkgeom.tune_callbacks import DRIVER
 
 if TYPE_CHECKING:
@@ -122,6 +123,54 @@ def _child_pids() -> set[int]:
     import psutil
 
     return {c.pid for c in psutil.Process().children()}
+
+
+def _local_gpus() -> int:
+    try:
+        import torch
+
+        return int(torch.cuda.device_count())
+    except Exception:
+        return 0
+
+
+def check_resources(opts: SweepOptions) -> None:
+    """Refuse a sweep whose trials can never be placed (they would wait forever).
+
+    Local Ray: against this machine's CPUs (``num_cpus``) and GPUs. A running cluster
+    (``--address``) may grow through its autoscaler, so it is only warned about, after
+    connecting (:func:`warn_unplaceable`); ``--cluster`` checks the cluster file's node
+    types (:func:`qkgeom.cluster.check_cluster_resources`).
+    """
+    if opts.max_concurrent is not None and opts.max_concurrent < 1:
+        raise SweepError("--max-concurrent must be at least 1 (leave it out for no limit)")
+    if opts.address is not None:
+        return
+    cpus = opts.num_cpus or os.cpu_count() or 1
+    if opts.cpus_per_trial > cpus:
+        raise SweepError(f"--cpus-per-trial {opts.cpus_per_trial:g} is more than this "
+                         f"machine's {cpus} CPUs: no trial could ever start; use at most {cpus}")
+    gpus = opts.gpus_per_trial or 0.0
+    if gpus > 0:
+        have = _local_gpus()
+        if gpus > have:
+            raise SweepError(f"--gpus-per-trial {gpus:g} is more than this machine's {have} "
+                             f"GPU(s): no trial could ever start; use at most {have}"
+                             + (" (or drop it: CPU trials)" if have == 0 else ""))
+
+
+def warn_unplaceable(cpus: float, gpus: float, say: Any) -> None:
+    """Warn when no live node of a running cluster fits one trial right now."""
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    if nodes and not any(r.get("CPU", 0) >= cpus and r.get("GPU", 0) >= gpus for r in nodes):
+        say(f"warning: no node of the cluster has {cpus:g} CPU and {gpus:g} GPU free for one "
+            "trial now; trials stay pending until the autoscaler adds such a node")
+
+
+def gpus_per_trial(opts: SweepOptions) -> float:
+    if opts.gpus_per_trial is not None:
+        return float(opts.gpus_per_trial)
+    return 0.25 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
 
 
 def shutdown() -> None:
