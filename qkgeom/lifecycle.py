@@ -1,7 +1,8 @@
 """The trial lifecycle in the database: one writer for every way a trial runs.
 
 ``pending -> running -> terminated | error | interrupted``, with ``pending`` again when a
-failed attempt is retried. Each start of an attempt counts in ``attempts``. Both the
+failed attempt is retried. Each start of an attempt counts in ``attempts`` and has a row in
+``trial_attempts`` with its provenance (:mod:`qkgeom.provenance`). Both the
 sweep's driver-side Tune callback (:class:`qkgeom.tune_callbacks.DbWriter`) and
 ``qkgeom train --db`` (:mod:`qkgeom.cli.train`) move trials through here, so the two
 record a trial the same way; :func:`mark_interrupted` records a sweep that stopped
@@ -36,17 +37,24 @@ class TrialLifecycle:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def started(self, trial_id: int) -> None:
-        """An attempt starts: ``running`` and one more attempt."""
+    def started(self, trial_id: int, provenance: dict | None = None) -> int:
+        """An attempt starts: ``running``, one more attempt, and its row in
+        ``trial_attempts`` with what is known of it yet (``provenance``: fields of
+        :func:`qkgeom.provenance.provenance`). Returns the attempt's number."""
         self.store.set_trial_status(trial_id, "running", bump_attempts=True)
+        return self.store.record_attempt(trial_id, provenance or {})
 
     def alive(self, sweep_id: int, trial_id: int | None = None) -> None:
         """A heartbeat for the sweep's running trials (only ``trial_id``, when given)."""
         self.store.heartbeat(sweep_id, trial_id)
 
-    def placed(self, trial_id: int, *, host: str | None, device: str | None) -> None:
-        """The running attempt reported where it runs (its first result)."""
+    def placed(self, trial_id: int, *, host: str | None, device: str | None,
+               provenance: dict | None = None) -> None:
+        """The running attempt reported where it runs (its first result), and the
+        provenance measured there, which completes its ``trial_attempts`` row."""
         self.store.set_trial_status(trial_id, "running", host=host, device=device)
+        if provenance:
+            self.store.record_attempt(trial_id, provenance)
 
     def retrying(self, trial_id: int, error: str) -> None:
         """The attempt failed and another one is due: ``pending``, with the error text."""

@@ -146,11 +146,13 @@ def stored_storage(db_url: str, name: str) -> str | None:
 
 def prepare_db(plan: SweepPlan, db_url: str, *, resume: bool, threads: int,
                storage: str | None = None, heartbeat_s: float | None = None
-               ) -> tuple[int, int]:
+               ) -> tuple[int, int, str | None]:
     """Insert the sweep and every trial (pending) before anything runs.
 
-    Returns ``(sweep_id, n_interrupted)``; on resume, rows a dead driver left ``running``
-    become ``interrupted`` first. ``storage`` (the Tune storage root of this run) is
+    Returns ``(sweep_id, n_interrupted, code_before)``; on resume, rows a dead driver left
+    ``running`` become ``interrupted`` first, and ``code_before`` is the ``code_version``
+    the sweep last ran with when this run's differs (else None): ``sweeps.code_version``
+    then names this run's, and each attempt keeps its own in ``trial_attempts``. ``storage`` (the Tune storage root of this run) is
     recorded in the stored spec under :data:`STORAGE_KEY`, for later resumes;
     ``heartbeat_s`` (the interval of this run's heartbeats) in ``sweeps.heartbeat_s``.
     """
@@ -161,13 +163,16 @@ def prepare_db(plan: SweepPlan, db_url: str, *, resume: bool, threads: int,
         _check_stored_spec(store, plan, plain_spec(raw), resume)
         storage = storage or (raw or {}).get(STORAGE_KEY)  # keep the recorded one
         spec = dict(plan.spec, **({STORAGE_KEY: storage} if storage else {}))
-        sid = store.ensure_sweep(plan.name, spec, code_version(), heartbeat_s=heartbeat_s)
+        sweeps = store.sweeps()
+        before = dict(zip(sweeps["name"], sweeps["code_version"])).get(plan.name)
+        now = code_version()
+        sid = store.ensure_sweep(plan.name, spec, now, heartbeat_s=heartbeat_s)
         n_int = store.mark_running_interrupted(sid) if resume else 0
         for t in plan.trials:
             cfg = dict(t.config, threads=threads)
             store.ensure_trial(sid, t.key, cfg, depth=t.depth, init=t.init, arm=t.arm,
                                seed=t.seed, status="pending")
-        return sid, n_int
+        return sid, n_int, before if before not in (None, now) else None
 
 
 def _check_stored_spec(store: Store, plan: SweepPlan, stored: dict | None,
@@ -352,11 +357,14 @@ def run_sweep(plan: SweepPlan, opts: SweepOptions) -> dict[str, Any]:
     if opts.address is None:
         for dataset in sorted({t.config.get("dataset", "default") for t in plan.trials}):
             worker_corpus(dataset)
-    sid, n_int = prepare_db(plan, db_url, resume=opts.resume, threads=threads,
-                            storage=storage, heartbeat_s=opts.heartbeat_s)
+    sid, n_int, code_before = prepare_db(plan, db_url, resume=opts.resume, threads=threads,
+                                         storage=storage, heartbeat_s=opts.heartbeat_s)
     say = (lambda *a: None) if opts.quiet else (lambda *a: print(*a, flush=True))
     if n_int:
         say(f"marked {n_int} trial(s) left running by a dead driver as interrupted")
+    if code_before:
+        say(f"sweep {plan.name} ran with qkgeom {code_before}; this resume runs "
+            f"{code_version()} (each trial attempt records its own in trial_attempts)")
     DRIVER["db_url"] = db_url
     DRIVER["storage"] = storage
     DRIVER["say"] = say

@@ -147,8 +147,10 @@ class DbWriter(Callback):
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         if self._finished(trial):  # done before a driver crash; the trainable skips it
             return
+        from qkgeom.provenance import code_provenance
+
         self._seen.discard(trial.trial_id)
-        self.lifecycle.started(self._tid(trial))
+        self.lifecycle.started(self._tid(trial), code_provenance())
 
     @_recording
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,
@@ -158,7 +160,9 @@ class DbWriter(Callback):
         tid = self._tid(trial)
         if trial.trial_id not in self._seen:
             self._seen.add(trial.trial_id)
-            self.lifecycle.placed(tid, host=result.get("host"), device=result.get("device"))
+            prov = result.get("provenance")
+            self.lifecycle.placed(tid, host=result.get("host"), device=result.get("device"),
+                                  provenance=json.loads(prov) if prov else None)
         rec = result.get("record")
         if rec:
             self.store.write_probe(tid, ProbeRecord.from_dict(json.loads(rec)))

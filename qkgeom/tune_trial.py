@@ -112,6 +112,7 @@ def trainable(config: dict[str, Any], db_url: str | None = None,
     a URI under it when it is one).
     """
     from qkgeom.config import TrialConfig
+    from qkgeom.provenance import provenance
     from qkgeom.records import ProbeRecord
     from qkgeom.sweep import snapshot_every
     from qkgeom.train import train
@@ -125,7 +126,9 @@ def trainable(config: dict[str, Any], db_url: str | None = None,
     host, node = _where()
     gpu_ids = [str(g) for g in ray.get_gpu_ids()]
     device = cfg.device + (f" gpu={','.join(gpu_ids)}" if gpu_ids else "")
-    where = {"host": f"{host}/{node[:12]}" if node else host, "node_id": node, "device": device}
+    where = {"host": f"{host}/{node[:12]}" if node else host, "node_id": node, "device": device,
+             # what this attempt runs on, measured here (not in the driver): trial_attempts
+             "provenance": json.dumps(provenance(device, node_id=node or None), default=str)}
 
     with contextlib.ExitStack() as cleanup:  # on exit: scratch removed, then store closed
         direct = trial_id = None

@@ -67,7 +67,8 @@ def test_status_json_for_every_state(tmp_path):
             "host": host or "", "device": device or "",
             "error": error.splitlines()[-1] if error else "",
             # no heartbeat interval recorded: nothing is judged stale (tests/test_lifecycle.py)
-            "stale": False, "no_heartbeat_s": None, "note": ""}, key
+            "stale": False, "no_heartbeat_s": None, "note": "",
+            "provenance": None}, key  # planted without attempt rows
 
 
 def test_sweep_side_reads_on_both_backends(store):

@@ -67,6 +67,10 @@ def study(db_url):
                                     if m[:3] != (1, None, "wk_target_pr")]
                 recs[-1].metrics.append((1, None, "wk_target_pr", math.nan))
                 store.write_probes(tid, recs)
+                if arm == "none":  # provenance of one attempt, two for seed 1
+                    for attempt in range(1, seed + 2):
+                        store.record_attempt(tid, dict(PROVENANCE, git_dirty=attempt > 1),
+                                             attempt=attempt)
                 status = "error" if (arm, seed) == ("shrink", 1) else "terminated"
                 store.set_trial_status(tid, status, error="RuntimeError: x" if
                                        status == "error" else None)
@@ -78,6 +82,9 @@ def study(db_url):
     return db_url
 
 
+PROVENANCE = {"code_version": "0.1.0+h0123456789abcdef", "git_commit": "c0ffee" * 6 + "c0ff",
+              "python": "3.11.7", "torch": "2.13.0+cpu", "ray": "2.60.0", "cuda": None,
+              "host": "h", "device": "cpu", "details": {"platform": "Linux"}}
 TRIALS = [(a, s) for a in ARMS for s in (0, 1)]
 STEPS = (0, 10, 20)
 
@@ -123,6 +130,10 @@ EXPECTED = {
     "AVG(t.test_loss)": lambda: [  # terminated trials only: shrink seed 1 ended in error
         ("study", "none", 2, 2.5 + 0.01 * (off("none", 0) + off("none", 1)) / 2),
         ("study", "shrink", 1, 2.5 + 0.01 * off("shrink", 0))],
+    "FROM trial_attempts": lambda: [
+        (f"d2-none-s{s}", n, PROVENANCE["code_version"], PROVENANCE["git_commit"], n > 1,
+         "3.11.7", "2.13.0+cpu", "2.60.0", None, "h", "cpu")
+        for s in (0, 1) for n in range(1, s + 2)],
     "FROM metric_definitions": lambda: [(m, i["unit"], i["per_head"], i["doc"])
                                         for m, i in sorted(METRIC_DEFINITIONS.items())],
 }

@@ -322,3 +322,29 @@ def test_0006_adds_heartbeats_and_keeps_rows_both_ways(db_url):
         assert "heartbeat_s" not in list(conn.execute(text("SELECT * FROM sweeps WHERE 1 = 0"))
                                          .keys())
     eng.dispose()
+
+
+def test_0007_adds_trial_attempts_and_keeps_rows_both_ways(db_url):
+    upgrade(db_url, "0006_heartbeat")
+    eng = create_engine(db_url)
+    with eng.begin() as conn:
+        conn.execute(text("INSERT INTO sweeps (id, name, spec, code_version, created_at) "
+                          "VALUES (1, 'old', '{}', 'v', CURRENT_TIMESTAMP)"))
+        conn.execute(text("INSERT INTO trials (id, sweep_id, trial_key, config, depth, init, "
+                          "arm, seed, status, attempts, created_at) VALUES (1, 1, 'k', '{}', "
+                          "2, 'gaussian', 'none', 0, 'terminated', 2, CURRENT_TIMESTAMP)"))
+    eng.dispose()
+    upgrade(db_url)
+    assert _version(db_url) == head_revision()
+    with open_store(db_url, create=False) as store:
+        assert store.attempts("old").height == 0  # older attempts have no row
+        assert store.record_attempt(1, {"git_commit": "abc", "git_dirty": True}) == 2
+        row = store.attempts("old").to_dicts()[0]
+        assert (row["attempt"], row["git_commit"], row["git_dirty"]) == (2, "abc", True)
+    downgrade(db_url, "0006_heartbeat")
+    tables, _ = _tables_and_views(db_url)
+    assert "trial_attempts" not in tables and "trials" in tables
+    eng = create_engine(db_url)
+    with eng.connect() as conn:
+        assert conn.execute(text("SELECT attempts FROM trials")).scalar_one() == 2
+    eng.dispose()

@@ -120,7 +120,7 @@ def test_dry_run_and_a_refused_prompt_change_nothing(two_sweeps):
     r = cli("sweep", "delete", "--name", "x", "--db", url, "--dry-run")
     assert r.exit_code == 0, r.output
     out = r.output
-    assert "sweep x in " in out and "2 trials, 6 probes" in out and "5 checkpoint rows" in out
+    assert "sweep x in " in out and "2 trials, 0 attempts, 6 probes" in out and "5 checkpoint rows" in out
     assert f"  {tmp / 'ray' / 'qkgeom-x'}\n" in out
     assert f"  {tmp / 'ray' / 'qkgeom-x-arms-2'}\n" in out
     assert f"  {tmp / 'runs' / 'x' / 'checkpoints' / 'step_20'}\n" in out
@@ -142,7 +142,7 @@ def test_delete_removes_one_sweep_and_nothing_of_the_other(two_sweeps):
     assert r.exit_code == 0, r.output
     n_metrics, n_steps = len(mine["probe_metrics"]), len(mine["train_steps"])
     assert n_metrics > 100 and n_steps == 10
-    assert (f"deleted sweep x: 2 trials, 6 probes, {n_metrics:,} metric values, "
+    assert (f"deleted sweep x: 2 trials, 0 attempts, 6 probes, {n_metrics:,} metric values, "
             f"{n_steps} training steps, 5 checkpoint rows; removed 3 path(s)") in r.output
     # the other sweep's rows, byte for byte, and nothing else is left
     assert rows(url) == other

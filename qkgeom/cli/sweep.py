@@ -289,7 +289,8 @@ def status_rows(db: str | None, name: str | None) -> list[dict[str, Any]]:
 
     A running trial whose driver stopped sending heartbeats has ``stale`` true,
     ``no_heartbeat_s`` (seconds) and a ``note`` that says what to do
-    (:func:`qkgeom.lifecycle.no_heartbeat_s`).
+    (:func:`qkgeom.lifecycle.no_heartbeat_s`); ``provenance`` is its latest attempt's
+    ``trial_attempts`` row (code, git commit and dirty flag, versions, host, device).
     """
     from datetime import datetime, timezone
 
@@ -311,6 +312,7 @@ def status_rows(db: str | None, name: str | None) -> list[dict[str, Any]]:
         trials = store.trials(name)
         last_by = store.last_probes(sid)
         n_snaps = store.snapshot_counts(sid)
+        latest = {r["trial_id"]: r for r in store.attempts(name).iter_rows(named=True)}
     now = datetime.now(timezone.utc)
     rows = []
     for t in trials.iter_rows(named=True):
@@ -327,8 +329,19 @@ def status_rows(db: str | None, name: str | None) -> list[dict[str, Any]]:
                          heartbeat_at=None if beat is None else _utc(beat).isoformat(),
                          stale=age is not None,
                          no_heartbeat_s=None if age is None else round(age, 1),
-                         note="" if age is None else stale_note(age, name)))
+                         note="" if age is None else stale_note(age, name),
+                         provenance=_provenance(latest.get(t["id"]))))
     return rows
+
+
+def _provenance(attempt: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The latest attempt's ``trial_attempts`` row for ``status --json`` (None: none)."""
+    if attempt is None:
+        return None
+    out = {k: v for k, v in attempt.items() if k not in ("trial_key", "trial_id", "details")}
+    out["started_at"] = _utc(out["started_at"]).isoformat()
+    out["details"] = json.loads(attempt["details"]) if attempt["details"] else None
+    return out
 
 
 def _utc(t: Any) -> Any:
@@ -421,7 +434,8 @@ def delete(name: str, db: str | None, yes: bool, dry_run: bool) -> None:
                f"path(s), {_size_text(plan.bytes)}")
 
 
-_ROW_WORDS = {"trials": "trials", "probes": "probes", "probe_metrics": "metric values",
+_ROW_WORDS = {"trials": "trials", "trial_attempts": "attempts", "probes": "probes",
+              "probe_metrics": "metric values",
               "train_steps": "training steps", "checkpoints": "checkpoint rows"}
 
 

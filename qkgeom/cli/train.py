@@ -164,22 +164,24 @@ class Recorder:
                 raise
 
     def _open(self, db: str, sweep_name: str, cfg) -> None:
-        from qkgeom import __version__
         from qkgeom.lifecycle import TrialLifecycle
+        from qkgeom.provenance import provenance
+        from qkgeom.ship import code_version
         from qkgeom.store import open_store, resolve_url, safe_url
+        from qkgeom.train import pick_device
 
         url = resolve_url(db)
         self.url_shown = safe_url(url)
         self.store = open_store(url)
         self._check_existing(sweep_name, cfg)
         sid = self.sweep_id = self.store.ensure_sweep(sweep_name, {"kind": "train"},
-                                                      __version__)
+                                                      code_version())
         self.trial_id = self.store.ensure_trial(
             sid, self.trial_key, cfg.to_dict(), depth=cfg.n_layer, init=cfg.init,
             arm=cfg.arm, seed=cfg.seed, status="running",
         )
         self.lifecycle = TrialLifecycle(self.store)
-        self.lifecycle.started(self.trial_id)
+        self.lifecycle.started(self.trial_id, provenance(str(pick_device(cfg))))
 
     def __enter__(self) -> Recorder:
         return self

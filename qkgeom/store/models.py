@@ -119,6 +119,30 @@ class Trial(Base):
     heartbeat_at: Mapped[datetime | None] = mapped_column(Stamp)
 
 
+class TrialAttempt(Base):
+    """One start of a trial, and what ran it: the code (content hash, git commit, dirty
+    flag), the Python/torch/Ray/CUDA versions, host and device (``qkgeom.provenance``,
+    measured where the trial trained; NULL until known, e.g. before the first result)."""
+
+    __tablename__ = "trial_attempts"
+
+    trial_id: Mapped[int] = mapped_column(
+        ForeignKey("trials.id", ondelete="CASCADE"), primary_key=True
+    )
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)  # 1, 2, ... (trials.attempts)
+    started_at: Mapped[datetime] = mapped_column(Stamp)
+    code_version: Mapped[str | None] = mapped_column(String(200))
+    git_commit: Mapped[str | None] = mapped_column(String(64))
+    git_dirty: Mapped[bool | None] = mapped_column(Boolean)
+    python: Mapped[str | None] = mapped_column(String(50))
+    torch: Mapped[str | None] = mapped_column(String(100))
+    ray: Mapped[str | None] = mapped_column(String(50))
+    cuda: Mapped[str | None] = mapped_column(String(50))
+    host: Mapped[str | None] = mapped_column(String(200))
+    device: Mapped[str | None] = mapped_column(String(200))
+    details: Mapped[dict | None] = mapped_column(JSONType)
+
+
 class Probe(Base):
     """The training scalars at one probe step of one trial."""
 
@@ -243,7 +267,7 @@ class PretrainedMetric(Base):
 TABLES = [t.name for t in Base.metadata.sorted_tables]
 # the tables whose rows belong to one trial (``trial_id``), in the order messages list
 # them: deleting a sweep deletes them (tests check that every such table is here)
-TRIAL_TABLES = [m.__table__ for m in (Probe, ProbeMetric, TrainStep, Checkpoint)]
+TRIAL_TABLES = [m.__table__ for m in (TrialAttempt, Probe, ProbeMetric, TrainStep, Checkpoint)]
 VIEWS = [
     "v_metrics", "v_layer_metrics", "v_head_means", "v_trajectories", "v_final", "v_pretrained",
 ]

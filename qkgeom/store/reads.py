@@ -29,6 +29,7 @@ from qkgeom.store.models import (
     Sweep,
     TrainStep,
     Trial,
+    TrialAttempt,
 )
 
 
@@ -385,6 +386,27 @@ class Reads(StoreBase):
                 q = select(func.count()).select_from(tab).where(tab.c.trial_id.in_(ids))
                 out[tab.name] = int(conn.execute(q, {"sid": sid}).scalar_one())
         return out
+
+    def attempts(self, sweep: str) -> Any:
+        """Every recorded attempt of sweep ``sweep``'s trials, ordered by trial and attempt:
+        trial_key, trial_id, attempt, started_at and the provenance columns of
+        ``trial_attempts`` (``details`` as JSON text)."""
+        import polars as pl
+        from sqlalchemy import select
+
+        from qkgeom.store.frames import polars_type
+
+        a, t = TrialAttempt.__table__, Trial.__table__
+        q = (select(t.c.trial_key, a).join(t, t.c.id == a.c.trial_id)
+             .where(t.c.sweep_id == self.require_sweep(sweep)).order_by(a.c.trial_id,
+                                                                        a.c.attempt))
+        with self._read() as conn:
+            rows = [r._asdict() for r in conn.execute(q)]
+        for r in rows:
+            r["details"] = None if r["details"] is None else json.dumps(r["details"],
+                                                                        sort_keys=True)
+        schema = {"trial_key": pl.String, **{c.name: polars_type(c.type) for c in a.columns}}
+        return pl.DataFrame(rows, schema=schema, orient="row" if rows else None)
 
     def pretrained_revisions(self, model: str) -> set[str]:
         """Revisions of pretrained model ``model`` already stored (``pretrained_runs``)."""

@@ -25,6 +25,7 @@ from qkgeom.store.models import (
     Sweep,
     TrainStep,
     Trial,
+    TrialAttempt,
 )
 from qkgeom.store.reads import ExportedFile, Reads, TrialInfo
 from qkgeom.store.schema import SchemaError, inspect_state, refusal, upgrade
@@ -168,6 +169,37 @@ class Store(ResultWrites, Reads):
             n = conn.execute(t.update().where(t.c.id == trial_id).values(**values)).rowcount
         if n == 0:
             raise QkgeomError(f"no trial with id {trial_id} in {self.safe_url}")
+
+    def record_attempt(self, trial_id: int, provenance: dict[str, Any], *,
+                       attempt: int | None = None) -> int:
+        """Record what runs attempt ``attempt`` of a trial (default: its latest, the
+        ``attempts`` count) in ``trial_attempts``; returns the attempt number.
+
+        The first call for an attempt sets ``started_at``; later calls overwrite only the
+        fields ``provenance`` gives (``code_version``, ``git_commit``, ``git_dirty``,
+        ``python``, ``torch``, ``ray``, ``cuda``, ``host``, ``device``, ``details``; see
+        :func:`qkgeom.provenance.provenance`). Unknown keys are refused.
+        """
+        from sqlalchemy import select
+
+        a, t = TrialAttempt.__table__, Trial.__table__
+        fields = dict(provenance)
+        allowed = {c.name for c in a.columns} - {"trial_id", "attempt", "started_at"}
+        unknown = set(fields) - allowed
+        if unknown:
+            raise QkgeomError(f"unknown provenance field(s) {', '.join(sorted(unknown))}")
+        with self._write() as conn:
+            if attempt is None:
+                attempt = conn.execute(select(t.c.attempts).where(t.c.id == trial_id)).scalar()
+                if attempt is None:
+                    raise QkgeomError(f"no trial with id {trial_id} in {self.safe_url}")
+            ins = self._insert(a).values(trial_id=trial_id, attempt=int(attempt),
+                                         started_at=now_utc(), **fields)
+            stmt = (ins.on_conflict_do_update(index_elements=["trial_id", "attempt"],
+                                              set_={k: ins.excluded[k] for k in fields})
+                    if fields else ins.on_conflict_do_nothing())
+            conn.execute(stmt)
+        return int(attempt)
 
     def heartbeat(self, sweep_id: int, trial_id: int | None = None) -> int:
         """A sign of life: ``heartbeat_at`` = now for the sweep's ``running`` trials (only
