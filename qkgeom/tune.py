@@ -37,6 +37,7 @@ Pitfalls settled here (see ../shared/RAY.md):
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -269,10 +270,14 @@ def _run_phase(plan: SweepPlan, trials: list[TrialSpec], exp_name: str, opts: Sw
     DRIVER.pop("callback_error", None)
     try:
         return tuner.fit()
-    except tune.TuneError:  # a qkgeom error in a driver callback: one line, not Tune's text
+    except (tune.TuneError, QkgeomError) as e:
+        # a qkgeom error in a driver callback: one line, not Tune's text (Tune wraps most
+        # callback errors in a TuneError; one raised in on_step_begin arrives as it is)
         why = DRIVER.pop("callback_error", None)
         if why is None:
-            raise
+            if not isinstance(e, QkgeomError):
+                raise
+            why = str(e)
         try:
             mark_interrupted(DRIVER["db_url"], plan.name, "the driver's error")
             marked = "are marked interrupted"
@@ -377,12 +382,20 @@ def run_sweep(plan: SweepPlan, opts: SweepOptions) -> dict[str, Any]:
         k for k, v in trial_statuses(db_url, plan.name).items() if v == "terminated")
     try:
         return _run(plan, opts, db_url, storage, threads, sid, t0, say)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemExit) as e:
+        # SystemExit(15): a SIGTERM inside ray.init, whose core worker handles it with
+        # sys.exit before the sweep's own handler is back: the same stop as ours
+        if isinstance(e, SystemExit):
+            if e.code != signal.SIGTERM:
+                raise
+            DRIVER.setdefault("interrupted", "SIGTERM")
         why = DRIVER.get("interrupted") or "SIGINT"
         try:
             mark_interrupted(db_url, plan.name, why)
         except Exception:  # the record is best effort on a hard stop; resume fixes it
             pass
+        if isinstance(e, SystemExit):
+            raise KeyboardInterrupt from None
         raise
     finally:
         restore_signal_handlers(DRIVER.pop("old_handlers", {}))
