@@ -73,46 +73,27 @@ class _Flattening:
             super().log_trial_result(iteration, trial, flat)  # type: ignore[misc]
 
 
-def _tensorboard() -> Any:
-    from ray.tune.logger import TBXLoggerCallback
-
-    class TensorBoardLogger(_Flattening, TBXLoggerCallback):
-        pass
-
-    TensorBoardLogger.__module__ = __name__
-    TensorBoardLogger.__qualname__ = "TensorBoardLogger"
-    return TensorBoardLogger
+# class name -> (module, Tune callback it flattens for)
+_BASES = {"TensorBoardLogger": ("ray.tune.logger", "TBXLoggerCallback"),
+          "MLflowLogger": ("ray.air.integrations.mlflow", "MLflowLoggerCallback"),
+          "WandbLogger": ("ray.air.integrations.wandb", "WandbLoggerCallback")}
 
 
-def _mlflow() -> Any:
-    from ray.air.integrations.mlflow import MLflowLoggerCallback
+def _flattening(name: str) -> Any:
+    """``class NAME(_Flattening, <Tune's callback>)``, importable as ``qkgeom.trackers.NAME``."""
+    import importlib
 
-    class MLflowLogger(_Flattening, MLflowLoggerCallback):
-        pass
-
-    MLflowLogger.__module__ = __name__
-    MLflowLogger.__qualname__ = "MLflowLogger"
-    return MLflowLogger
-
-
-def _wandb() -> Any:
-    from ray.air.integrations.wandb import WandbLoggerCallback
-
-    class WandbLogger(_Flattening, WandbLoggerCallback):
-        pass
-
-    WandbLogger.__module__ = __name__
-    WandbLogger.__qualname__ = "WandbLogger"
-    return WandbLogger
+    mod, base = _BASES[name]
+    cls = type(name, (_Flattening, getattr(importlib.import_module(mod), base)), {})
+    cls.__module__ = __name__
+    return cls
 
 
 def __getattr__(name: str) -> Any:
     # Tune pickles its callbacks into the experiment state by module path: the classes
     # resolve here on a resume (built on first use, so importing qkgeom needs no tracker)
-    makers = {"TensorBoardLogger": _tensorboard, "MLflowLogger": _mlflow,
-              "WandbLogger": _wandb}
-    if name in makers:
-        cls = makers[name]()
+    if name in _BASES:
+        cls = _flattening(name)
         globals()[name] = cls
         return cls
     raise AttributeError(name)

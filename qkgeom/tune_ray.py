@@ -104,19 +104,26 @@ def reap_orphaned_ray(say: Any = print, root: str = "/tmp") -> int:
                 p.terminate()
             except psutil.Error:
                 pass
-        _, left = psutil.wait_procs(procs, timeout=5)
-        for p in left:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(left, timeout=5)
+        _wait_then_kill(procs, 5)
         shutil.rmtree(tmp, ignore_errors=True)
         stopped += len(procs)
         say(f"removed {tmp}, the temp dir of a local Ray instance left by a killed "
             f"qkgeom driver" + (f", and stopped {len(procs)} of its processes" if procs
                                 else ""))
     return stopped
+
+
+def _wait_then_kill(procs: list, timeout: float) -> None:
+    """Wait up to ``timeout`` s for ``procs`` to exit, then SIGKILL those left."""
+    import psutil
+
+    _, left = psutil.wait_procs(procs, timeout=timeout)
+    for p in left:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(left, timeout=5)
 
 
 def _child_pids() -> set[int]:
@@ -192,13 +199,7 @@ def shutdown() -> None:
             pass
     if ray.is_initialized():
         ray.shutdown()
-    _, alive = psutil.wait_procs(procs, timeout=15)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=5)
+    _wait_then_kill(procs, 15)
     tmp = DRIVER.pop("ray_tmp", None)
     if tmp:
         shutil.rmtree(tmp, ignore_errors=True)
