@@ -15,7 +15,7 @@ valid + test) repeated to N characters, with the shared ``wiki.valid.raw`` and
 Seconds are wall time of the ``load_corpus`` call alone (imports excluded); memory is the
 call's extra peak resident memory (``VmHWM`` after the call minus ``VmRSS`` before it, with
 the high-water mark reset through ``/proc/self/clear_refs`` first). ``old`` is the code of
-``qkgeom/data.py`` before issue 16, copied below (``old_load_corpus``); it runs only for sizes
+``qkgeom/engine/data.py`` before issue 16, copied below (``old_load_corpus``); it runs only for sizes
 up to ``--old-max`` (it holds whole texts in memory and loops over characters in Python).
 Ratios are old / new, from the same run. Linux only (``/proc``).
 """
@@ -38,7 +38,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 
 
-# ------------------------------------------------- baseline: qkgeom/data.py before issue 16
+# ------------------------------------------------- baseline: qkgeom/engine/data.py before issue 16
 def _old_read(path: Path) -> str:
     return path.read_text(encoding="utf-8")
 
@@ -56,7 +56,7 @@ def _old_split_texts(path: Path) -> tuple[str, str, str, str]:
 
 def old_load_corpus(source: str) -> tuple:
     """``load_corpus`` before issue 16 (returns the arrays, chars and key)."""
-    from qkgeom.data import cache_dir
+    from qkgeom.engine.data import cache_dir
 
     tr, va, te, note = _old_split_texts(Path(source))
     h = hashlib.sha256()
@@ -94,7 +94,7 @@ def _status() -> dict[str, int]:
 
 
 def child(impl: str, corpus: str) -> None:
-    from qkgeom.data import load_corpus
+    from qkgeom.engine.data import load_corpus
 
     fn = old_load_corpus if impl == "old" else load_corpus
     with open("/proc/self/clear_refs", "w") as fh:

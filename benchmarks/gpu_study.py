@@ -51,7 +51,7 @@ class TrialRunner:
                  warmup: int) -> None:
         import torch
 
-        from qkgeom.train import Trial
+        from qkgeom.engine.train import Trial
 
         self.torch = torch
         self.cfg = _config(preset_name, device, data, compile_)
@@ -150,7 +150,7 @@ def summarise(rs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def study_tokens(depth_ref: int) -> tuple[int, float]:
     """(trials, training tokens of the `paper` study weighted by depth / depth_ref)."""
-    from qkgeom.sweep import plan_from
+    from qkgeom.plan.spec import plan_from
 
     plan = plan_from("paper")
     total = 0.0
@@ -179,7 +179,7 @@ def main() -> None:
         print("no CUDA: torch.cuda.is_available() is False on this machine; "
               "gpu_study.py measures nothing here (run it on a GPU machine)")
         return
-    from qkgeom.data import default_source, load_corpus
+    from qkgeom.engine.data import default_source, load_corpus
 
     data = args.data or default_source()
     load_corpus(data)  # fetch/cache once, before N processes want it

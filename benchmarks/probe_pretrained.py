@@ -132,8 +132,8 @@ def child_smollm2(budget: int, text_path: str, rounds: int, erank_seqs: int,
 def child_synthetic(budget: int) -> dict:
     import torch
 
-    from qkgeom import metrics as M
     from qkgeom import pretrained as P
+    from qkgeom.engine import metrics as M
 
     torch.manual_seed(0)
     nh, dh, b, t = 32, 128, 8, 256  # 2048-token chunks

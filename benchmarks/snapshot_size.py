@@ -17,8 +17,8 @@ from pathlib import Path
 
 def main() -> None:
     from qkgeom.config import preset
-    from qkgeom.sweep import plan_from
-    from qkgeom.train import STATE_FILE, Trial
+    from qkgeom.engine.train import STATE_FILE, Trial
+    from qkgeom.plan.spec import plan_from
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="paper")

@@ -28,10 +28,10 @@ def main() -> None:
     ap.add_argument("--cpus-per-trial", type=float, default=1.0)
     args = ap.parse_args()
 
+    from qkgeom.engine.train import train
+    from qkgeom.plan.spec import plan_from
     from qkgeom.store import open_store
-    from qkgeom.sweep import plan_from
-    from qkgeom.train import train
-    from qkgeom.tune import SweepOptions, run_sweep, shutdown
+    from qkgeom.sweeps.driver import SweepOptions, run_sweep, shutdown
 
     plan = plan_from(args.preset, data=args.data, sets=args.sets, name="bench")
     # the training itself, in this process, for comparison (corpus cached after the first)

@@ -8,7 +8,7 @@ Four variants, run in one process, interleaved ``--chunk`` steps at a time:
 * ``bare``: the same GPT, AdamW and batches, SDPA attention, no metrics, no evaluation;
 * ``qkgeom``: ``train()`` with arm ``none`` and probes every 100 steps (set-up, the step-0
   probe, probes, validation loss and step logging included; the final test-loss pass is
-  not), stepped through :func:`qkgeom.train.training`;
+  not), stepped through :func:`qkgeom.engine.train.training`;
 * ``hold`` / ``shrink``: the same with the weight-site arm;
 * and the cost of one probe, in training steps.
 
@@ -30,9 +30,9 @@ import numpy as np
 import torch
 
 from qkgeom.config import preset
-from qkgeom.data import Sampler, default_source, load_corpus
-from qkgeom.model import GPT
-from qkgeom.train import Trial, make_optimizer, training
+from qkgeom.engine.data import Sampler, default_source, load_corpus
+from qkgeom.engine.model import GPT
+from qkgeom.engine.train import Trial, make_optimizer, training
 
 
 def bare_steps(cfg, corpus) -> Iterator[None]:

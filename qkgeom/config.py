@@ -40,7 +40,7 @@ class TrialConfig:
     block_size: int = 256  # context length in characters
     dropout: float = 0.0  # dropout everywhere (0 keeps probes deterministic)
     bias: bool = False  # bias in Linear / LayerNorm layers
-    init: str = "gaussian"  # Q/K initialisation: a key of qkgeom.model.QK_INITS
+    init: str = "gaussian"  # Q/K initialisation: a key of qkgeom.engine.model.QK_INITS
     init_std: float = 0.02  # std of the normal init of every weight matrix
     # --- intervention on the key spectrum (reconstructed) ---
     arm: str = "none"  # none | hold | shrink | shrink_act (shrink at the activation site)

@@ -81,7 +81,7 @@ def wikitext_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def corpus(wikitext_dir: Path):
-    from qkgeom.data import load_corpus
+    from qkgeom.engine.data import load_corpus
 
     return load_corpus(str(wikitext_dir))
 

@@ -134,7 +134,7 @@ def _ref_key(config: dict) -> tuple[str, dict]:
 def reference_records(config: dict) -> list:
     """The probe records of a direct, uninterrupted ``train()`` of ``config`` (cached)."""
     from qkgeom.config import TrialConfig
-    from qkgeom.train import train
+    from qkgeom.engine.train import train
 
     key, cfg = _ref_key(config)
     if key not in _REF_CACHE:

@@ -2,7 +2,7 @@
 
 A short smoke-size run (2 layers, n_embd 32, 40 steps, probes at 0, 20 and 40) on the real
 WikiText files per arm. Each probe is stored in a SQLite results database and read back
-with plain SQL. The targets are computed here, independently of qkgeom.intervention: PR_0
+with plain SQL. The targets are computed here, independently of qkgeom.engine.intervention: PR_0
 from numpy's SVD of the step-0 W_K (read from the step-0 checkpoint), the schedule in
 closed form. The achieved PR is checked twice: the stored ``pr_wk`` and numpy's SVD of the
 W_K saved in each probe's checkpoint.
@@ -26,9 +26,9 @@ import numpy as np
 import pytest
 import torch
 
-from qkgeom.data import Sampler
-from qkgeom.model import GPT
-from qkgeom.train import train
+from qkgeom.engine.data import Sampler
+from qkgeom.engine.model import GPT
+from qkgeom.engine.train import train
 
 MAX_STEPS = 40
 PROBES = (0, 20, 40)

@@ -201,7 +201,7 @@ def test_rule_error_reads_the_record():
 
 
 def test_the_report_header_names_rules_over_the_limits_and_the_largest_estimate():
-    from qkgeom.claims import calibration_header
+    from qkgeom.report.claims import calibration_header
 
     row = dict(kind="null", effect="-", reps=1000, holds=0)
     rec = {"commit": "a" * 40, "date": "2026-12-04", "reps": 2000, "rows": [

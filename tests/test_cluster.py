@@ -40,7 +40,7 @@ def _write(tmp: Path, cfg: dict) -> Path:
 
 @pytest.mark.parametrize("name", ["aws.yaml", "gcp.yaml", "local.yaml"])
 def test_shipped_cluster_files_validate(name):
-    from qkgeom.cluster import validate_cluster_file
+    from qkgeom.sweeps.cluster import validate_cluster_file
 
     cfg = validate_cluster_file(CLUSTER / name)
     assert cfg["cluster_name"]
@@ -111,7 +111,7 @@ def _bad_head_name(c: dict) -> None:
     (_bad_head_name, "'boss' is not in available_node_types"),
 ])
 def test_invalid_cluster_files_name_the_key(tmp_path, mutate, needle):
-    from qkgeom.cluster import ClusterConfigError, validate_cluster_file
+    from qkgeom.sweeps.cluster import ClusterConfigError, validate_cluster_file
 
     cfg = copy.deepcopy(_aws())
     mutate(cfg)
@@ -134,7 +134,7 @@ def test_cli_refuses_invalid_cluster_before_starting_anything(tmp_path):
 
 
 def test_remote_command_is_detached_and_quoted():
-    from qkgeom.cluster import remote_sweep_command
+    from qkgeom.sweeps.cluster import remote_sweep_command
 
     cmd = remote_sweep_command("s1", spec_remote=None, preset="smoke", data="/d ata",
                                sets=["max_steps=5"], db=None, resume=True,
@@ -241,7 +241,7 @@ def test_cluster_ships_qkgeom_to_a_node_without_it(scratch, wikitext_dir):  # no
     if not _sshd_ready():
         msg = "sshd on 127.0.0.1:2222 with ~/.ssh/qkgeom_ci_ed25519 missing: run .ci/ssh.sh"
         skip_or_fail(msg)
-    from qkgeom.sweep import plan_from
+    from qkgeom.plan.spec import plan_from
 
     subprocess.run(["bash", str(ROOT / ".ci" / "node-venv.sh"), str(NODE_VENV)], check=True,
                    env={**os.environ, "QKGEOM_VENV": sys.prefix}, timeout=120)
@@ -313,7 +313,7 @@ def test_cluster_ships_qkgeom_to_a_node_without_it(scratch, wikitext_dir):  # no
 def test_sqlite_fetch_hint_waits_for_the_end_of_the_sweep():
     """The hint to fetch a SQLite database from the head must not invite a copy of a live
     WAL database: the .db file alone misses what is still in its -wal file."""
-    from qkgeom.cluster import _print_follow, follow_commands
+    from qkgeom.sweeps.cluster import _print_follow, follow_commands
 
     lines: list[str] = []
     _print_follow("c.yaml", "s1", follow_commands("c.yaml", "s1", None), lines.append)
@@ -331,7 +331,7 @@ def test_sqlite_fetch_hint_waits_for_the_end_of_the_sweep():
     ("postgresql://u:pw@db.example/q", None),  # nothing to fetch
 ])
 def test_fetch_hint_names_the_database_the_head_writes(db, where):
-    from qkgeom.cluster import _print_follow, follow_commands, head_db_file
+    from qkgeom.sweeps.cluster import _print_follow, follow_commands, head_db_file
 
     assert head_db_file(db) == where
     lines: list[str] = []

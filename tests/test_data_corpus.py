@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qkgeom import data
-from qkgeom.data import DataError, load_corpus
+from qkgeom.engine import data
+from qkgeom.engine.data import DataError, load_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -211,7 +211,7 @@ WORKER = r"""
 import hashlib, json, sys, time
 from pathlib import Path
 import numpy as np
-from qkgeom.data import load_corpus
+from qkgeom.engine.data import load_corpus
 Path(sys.argv[2] + f".ready{sys.argv[3]}").touch()
 while not Path(sys.argv[2]).exists():
     time.sleep(0.002)

@@ -365,7 +365,7 @@ def test_cpus_per_trial_beyond_the_machine_is_refused_before_anything(tmp_path):
 
 
 def test_gpus_per_trial_beyond_the_machine_is_refused(tmp_path):
-    from qkgeom.tune_ray import _local_gpus
+    from qkgeom.sweeps.ray_session import _local_gpus
 
     want = _local_gpus() + 1
     out = _one_line(invoke("sweep", "--preset", "smoke", "--gpus-per-trial", str(want),
@@ -639,9 +639,9 @@ def test_an_arm_waits_for_a_failed_baseline_and_a_resume_completes_the_pair(
 
     from sweep_fixtures import QKGEOM, assert_matches_reference, cli_env, run_cli
 
-    from qkgeom import pairing
     from qkgeom.analysis import AnalysisError
     from qkgeom.analysis.intervention import paired_trials
+    from qkgeom.plan import pairing
 
     db = db_url
     (scratch / "spec.yaml").write_text(PAIR_SPEC)

@@ -20,7 +20,7 @@ def _cfg(tiny_cfg, **kw):
 
 
 def test_loss_sum_matches_a_python_float_sum():
-    from qkgeom.train import LossSum
+    from qkgeom.engine.train import LossSum
 
     rng = np.random.default_rng(0)
     losses = rng.uniform(0.5, 6.0, size=37).astype(np.float32)
@@ -35,7 +35,7 @@ def test_loss_sum_matches_a_python_float_sum():
 
 def test_train_history_is_the_mean_of_the_step_losses(tiny_cfg, corpus):
     """StepRecord.train_loss = mean of the losses train_step returned since the last one."""
-    from qkgeom.train import Trial
+    from qkgeom.engine.train import Trial
 
     cfg = _cfg(tiny_cfg, max_steps=12, log_every=4)
     tr = Trial(cfg, corpus)
@@ -46,8 +46,8 @@ def test_train_history_is_the_mean_of_the_step_losses(tiny_cfg, corpus):
 
 def test_probe_rows_match_the_float_metrics(tiny_cfg, corpus):
     """The one-transfer probe gives what the float metric functions give, row by row."""
-    from qkgeom import metrics as M
-    from qkgeom.train import Trial
+    from qkgeom.engine import metrics as M
+    from qkgeom.engine.train import Trial
 
     tr = Trial(_cfg(tiny_cfg, max_steps=5), corpus)
     for _ in range(3):
@@ -69,8 +69,8 @@ def test_probe_rows_match_the_float_metrics(tiny_cfg, corpus):
 
 
 def test_optimizer_is_fused_only_on_cuda(tiny_cfg, corpus):
-    from qkgeom.model import GPT
-    from qkgeom.train import make_optimizer
+    from qkgeom.engine.model import GPT
+    from qkgeom.engine.train import make_optimizer
 
     opt = make_optimizer(tiny_cfg, GPT(tiny_cfg, corpus.vocab_size))
     assert not opt.defaults.get("fused")
@@ -82,7 +82,7 @@ def test_optimizer_is_fused_only_on_cuda(tiny_cfg, corpus):
 @pytest.mark.slow
 def test_compile_flag_trains_like_eager(tiny_cfg, corpus):
     """``compile=True`` (torch.compile) gives the eager losses to float tolerance."""
-    from qkgeom.train import Trial
+    from qkgeom.engine.train import Trial
 
     out = {}
     for flag in (False, True):
@@ -106,7 +106,7 @@ def _syncs(fn) -> int:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_steps_do_not_wait_for_the_device(tiny_cfg, corpus):
-    from qkgeom.train import Trial
+    from qkgeom.engine.train import Trial
 
     tr = Trial(_cfg(tiny_cfg, device="cuda", max_steps=50), corpus)
     tr.train_step()  # warm-up (allocations, autotuning)

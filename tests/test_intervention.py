@@ -7,14 +7,14 @@ import pytest
 import torch
 
 from qkgeom.config import TrialConfig
-from qkgeom.intervention import (
+from qkgeom.engine.intervention import (
     KeySpectrumControl,
     reshape_singular_values,
     schedule_factor,
     solve_power,
 )
-from qkgeom.metrics import weight_pr
-from qkgeom.model import GPT
+from qkgeom.engine.metrics import weight_pr
+from qkgeom.engine.model import GPT
 
 RNG = np.random.default_rng(1)
 
@@ -216,7 +216,7 @@ def test_activation_site_shapes_key_covariance_towards_target():
     m(x)
     k = got["k"].transpose(1, 2).reshape(-1, 32).double()
     # the shaped keys' covariance, measured under the same running statistics, is on target
-    from qkgeom.metrics import participation_ratio
+    from qkgeom.engine.metrics import participation_ratio
 
     sh = ctl.shapers[0]
     c_shaped = sh.a.T @ sh.cov @ sh.a

@@ -1,4 +1,4 @@
-"""qkgeom.ladder: which claims the scale x learning-rate ladder shows to flip, and the
+"""qkgeom.report.ladder: which claims the scale x learning-rate ladder shows to flip, and the
 report's 'on the ladder' column, on hand-made cells whose answer is known."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from qkgeom import ladder as L
+from qkgeom.report import ladder as L
 
 
 def cell(label: str, n_embd: int, lr: float, rules: int | None = L.RULES_VERSION,
@@ -104,7 +104,7 @@ def test_a_malformed_ladder_file_is_a_clear_error(tmp_path, text):
 def test_the_shipped_ladder_file_reads():
     cells = L.load_cells()
     if not L.LADDER_FILE.is_file():
-        pytest.fail("qkgeom/ladder.json is missing: write it with studies/ladder.py --json")
+        pytest.fail("qkgeom/report/ladder.json is missing: write it with studies/ladder.py --json")
     assert cells and all(c.verdicts for c in cells)
     assert len({(c.n_embd, c.lr) for c in cells}) == len(cells)  # one cell per factor pair
 
@@ -112,7 +112,7 @@ def test_the_shipped_ladder_file_reads():
 def test_report_shows_the_ladder_column(tmp_path, monkeypatch):
     from stats_fixtures import make_synthetic_db
 
-    from qkgeom.report import build_report
+    from qkgeom.report.render import build_report
     from qkgeom.store import open_store
 
     url = f"sqlite:///{tmp_path / 's.db'}"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from stats_fixtures import make_synthetic_db
 
-from qkgeom.claims import compute_claims
+from qkgeom.report.claims import compute_claims
 from qkgeom.store import open_store
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,8 +16,8 @@ import pytest
 from click.testing import CliRunner
 
 from qkgeom.cli import main
-from qkgeom.lifecycle import STALE_AFTER, duration_text, no_heartbeat_s, stale_note
 from qkgeom.store import open_store
+from qkgeom.store.lifecycle import STALE_AFTER, duration_text, no_heartbeat_s, stale_note
 
 pytest_plugins = ["store_fixtures"]  # db_url
 
@@ -101,7 +101,7 @@ def test_status_and_the_live_page_show_a_stale_trial(beating):
     pytest.importorskip("starlette")
     from starlette.testclient import TestClient
 
-    from qkgeom.serve import create_app
+    from qkgeom.web.serve import create_app
 
     with TestClient(create_app(url, wait_s=0, update_every_s=0)) as client:
         page = client.get("/sweeps/hb").text

@@ -10,7 +10,7 @@ import scipy.special
 import scipy.stats
 import torch
 
-from qkgeom import metrics as M
+from qkgeom.engine import metrics as M
 
 RNG = np.random.default_rng(0)
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from qkgeom import metrics as M
 from qkgeom.config import TrialConfig
-from qkgeom.model import GPT, QK_INITS
-from qkgeom.probe import probe_model
+from qkgeom.engine import metrics as M
+from qkgeom.engine.model import GPT, QK_INITS
+from qkgeom.engine.probe import probe_model
 
 CFG = dict(n_layer=2, n_embd=32, n_head=4, block_size=16, seed=3)
 

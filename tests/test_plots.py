@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 from stats_fixtures import make_synthetic_db
 
-from qkgeom import plots
+from qkgeom.report import plots
 
 
 def png_size(data: bytes) -> tuple[int, int]:

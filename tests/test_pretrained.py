@@ -26,8 +26,8 @@ from ci_env import skip_or_fail
 # Before transformers/huggingface_hub are imported: nothing here may touch the network.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from qkgeom import metrics as M  # noqa: E402
 from qkgeom import pretrained as P  # noqa: E402
+from qkgeom.engine import metrics as M  # noqa: E402
 from qkgeom.pretrained import accumulate  # noqa: E402
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -29,7 +29,7 @@ def run(*args: str) -> tuple[int, str]:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory, wikitext_dir: Path) -> Path:
     from qkgeom.config import preset
-    from qkgeom.train import train
+    from qkgeom.engine.train import train
 
     cfg = preset("smoke").with_overrides({"dataset": str(wikitext_dir)})
     out = tmp_path_factory.mktemp("ckpt") / "run"
@@ -45,7 +45,7 @@ def test_checkpoints_found_in_step_order(trained: Path):
 
 def test_streaming_probe_matches_engine_probe(trained: Path, wikitext_dir: Path):
     """On one batch, the streaming measurement equals qkgeom's own probe of the model."""
-    from qkgeom.probe import probe_model
+    from qkgeom.engine.probe import probe_model
 
     model, chars, cfg = P.load_checkpoint(trained / "step_0000040")
     t = cfg["block_size"]

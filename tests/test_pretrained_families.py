@@ -20,8 +20,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 transformers = require("transformers")  # an error under CI, a skip elsewhere
 
-from qkgeom import metrics as M  # noqa: E402
 from qkgeom import pretrained as P  # noqa: E402
+from qkgeom.engine import metrics as M  # noqa: E402
 from qkgeom.pretrained.capture import _attention_sites  # noqa: E402
 
 V, D, L = 97, 64, 2

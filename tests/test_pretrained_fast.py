@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from qkgeom import metrics as M
 from qkgeom import pretrained as P
+from qkgeom.engine import metrics as M
 from qkgeom.pretrained.accumulate import _entropy_sums, _pr_of_cov
 
 

@@ -30,7 +30,7 @@ def run(*args: str) -> tuple[int, str]:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory, wikitext_dir: Path) -> Path:
     from qkgeom.config import preset
-    from qkgeom.train import STATE_FILE, train
+    from qkgeom.engine.train import STATE_FILE, train
 
     cfg = preset("smoke").with_overrides({"dataset": str(wikitext_dir)})
     out = tmp_path_factory.mktemp("ckpt") / "run"

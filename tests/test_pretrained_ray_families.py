@@ -117,7 +117,7 @@ def _build_cache(hub: Path) -> dict[tuple[str, str], Path]:
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[tuple[str, str], Path]]:
     """The cache's snapshots, with ``HF_HUB_CACHE`` naming it and a local Ray instance
     (2 CPUs) started after that, so its workers find the models offline."""
-    from qkgeom import tune
+    from qkgeom.sweeps import driver as tune
 
     root = tmp_path_factory.mktemp("hf")
     snaps = _build_cache(root / "hub")

@@ -17,9 +17,9 @@ import pytest
 from click.testing import CliRunner
 
 from qkgeom.cli import main
-from qkgeom.provenance import SOURCE_PATHS, git_state, provenance
-from qkgeom.ship import code_version, source_root
 from qkgeom.store import open_store
+from qkgeom.sweeps.provenance import SOURCE_PATHS, git_state, provenance
+from qkgeom.sweeps.ship import code_version, source_root
 
 pytest_plugins = ["store_fixtures"]  # db_url
 
@@ -75,7 +75,7 @@ def test_attempt_rows_on_both_backends(db_url):
     with open_store(db_url) as store:
         sid = store.ensure_sweep("p", {}, "v")
         tid = store.ensure_trial(sid, "k", {}, depth=1, init="gaussian", arm="none", seed=0)
-        from qkgeom.lifecycle import TrialLifecycle
+        from qkgeom.store.lifecycle import TrialLifecycle
 
         life = TrialLifecycle(store)
         assert life.started(tid, {"code_version": "c1", "git_commit": "g", "git_dirty": False}) == 1

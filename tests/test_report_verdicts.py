@@ -1,6 +1,6 @@
 """The report's verdict matrix: for every claim, planted databases that must give "holds",
 "does not hold" and "not enough data", with the rules' boundaries (RULES in
-qkgeom/report.py).
+qkgeom/report/render.py).
 
 Each row of CASES names a planted study (:func:`study`) and the verdicts it must produce
 for the claims it is about (other claims are not checked for that row). To cover a new

@@ -23,7 +23,7 @@ pytest.importorskip("starlette")
 from starlette.testclient import TestClient  # noqa: E402
 
 from qkgeom.records import ProbeRecord  # noqa: E402
-from qkgeom.serve import check_bind, create_app, is_loopback  # noqa: E402
+from qkgeom.web.serve import check_bind, create_app, is_loopback  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OOM = "Traceback (most recent call last):\n  ...\nRuntimeError: CUDA out of memory"
@@ -395,7 +395,7 @@ def test_real_server(db) -> None:
 def test_failed_chart_drawing_keeps_the_pretrained_table(db, monkeypatch) -> None:
     """When the SVG renderer fails (injected: vl_convert raising), the page still carries
     the pretrained models' table, with a one-line note in place of the checkpoint chart."""
-    from qkgeom import plots
+    from qkgeom.report import plots
 
     def broken(chart):
         raise RuntimeError("vl_convert: renderer unavailable")

@@ -1,4 +1,4 @@
-"""qkgeom.ship: the wheel of the running code, the derived cluster file, ``--dry-run``.
+"""qkgeom.sweeps.ship: the wheel of the running code, the derived cluster file, ``--dry-run``.
 
 All offline (``PIP_NO_INDEX=1``): a researcher on a plane can still see what would be
 launched. The real launch is in test_cluster.py.
@@ -31,7 +31,7 @@ def _copy_source(dst: Path) -> Path:
 
 
 def test_content_hash_follows_the_sources_only(tmp_path):
-    from qkgeom.ship import content_hash
+    from qkgeom.sweeps.ship import content_hash
 
     a = _copy_source(tmp_path / "a")
     h = content_hash(a)
@@ -47,8 +47,8 @@ def test_content_hash_follows_the_sources_only(tmp_path):
 
 
 def test_wheel_installed_elsewhere_reports_the_same_code_version(tmp_path):
-    from qkgeom.ship import build_wheel
-    from qkgeom.tune import code_version
+    from qkgeom.sweeps.driver import code_version
+    from qkgeom.sweeps.ship import build_wheel
 
     shipped = build_wheel(tmp_path)
     assert shipped.version == code_version()
@@ -56,7 +56,7 @@ def test_wheel_installed_elsewhere_reports_the_same_code_version(tmp_path):
     with zipfile.ZipFile(shipped.wheel) as z:
         names = set(z.namelist())
         stamp = z.read("qkgeom/_shipped.py").decode()
-    assert {"qkgeom/train.py", "qkgeom/migrations/env.py", "qkgeom/cli/sweep.py"} <= names
+    assert {"qkgeom/engine/train.py", "qkgeom/migrations/env.py", "qkgeom/cli/sweep.py"} <= names
     assert f'CONTENT_HASH = "{shipped.content_hash}"' in stamp
     assert not any(n.startswith(("build/", "src/")) for n in names)
     site = tmp_path / "site"
@@ -64,7 +64,7 @@ def test_wheel_installed_elsewhere_reports_the_same_code_version(tmp_path):
                     "--target", str(site), str(shipped.wheel)], check=True,
                    env={**os.environ, **OFFLINE})
     env = {**os.environ, "PYTHONPATH": str(site)}
-    out = subprocess.run([sys.executable, "-c", "import qkgeom; from qkgeom.tune import "
+    out = subprocess.run([sys.executable, "-c", "import qkgeom; from qkgeom.sweeps.driver import "
                           "code_version; print(qkgeom.__file__); print(code_version())"],
                          cwd="/", env=env, capture_output=True, text=True, check=True)
     where, version = out.stdout.split()
@@ -73,7 +73,7 @@ def test_wheel_installed_elsewhere_reports_the_same_code_version(tmp_path):
 
 
 def test_derived_file_adds_mounts_and_leaves_the_users_file_alone(tmp_path):
-    from qkgeom.ship import Shipped, derive_cluster_config
+    from qkgeom.sweeps.ship import Shipped, derive_cluster_config
 
     cfg = yaml.safe_load((ROOT / "cluster" / "aws.yaml").read_text())
     before = yaml.safe_dump(cfg)
@@ -99,7 +99,7 @@ def _dry_run(tmp_path: Path, data: Path, cluster: str = "aws.yaml"):
 
 
 def test_dry_run_shows_the_derived_file_and_starts_nothing(tmp_path, wikitext_dir):
-    from qkgeom.cluster import validate_cluster_file
+    from qkgeom.sweeps.cluster import validate_cluster_file
 
     user_file = (ROOT / "cluster" / "aws.yaml").read_bytes()
     p = _dry_run(tmp_path, wikitext_dir)
@@ -121,7 +121,7 @@ def test_dry_run_shows_the_derived_file_and_starts_nothing(tmp_path, wikitext_di
 
 
 def test_too_large_data_is_refused_with_the_download_option(tmp_path):
-    from qkgeom.ship import MAX_DATA_BYTES
+    from qkgeom.sweeps.ship import MAX_DATA_BYTES
 
     big = tmp_path / "corpus"
     big.mkdir()
@@ -160,7 +160,7 @@ def test_shipped_cluster_files_install_only_what_is_shipped(cluster):
     text = (ROOT / "cluster" / cluster).read_text()
     assert "github.com/qkgeom" not in text
     cfg = yaml.safe_load(text)
-    from qkgeom.ship import installs_qkgeom, ships_wheel
+    from qkgeom.sweeps.ship import installs_qkgeom, ships_wheel
 
     assert ships_wheel(cfg)
     cmds = [c for k in ("setup_commands", "head_setup_commands", "worker_setup_commands")

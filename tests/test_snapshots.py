@@ -17,7 +17,7 @@ from sweep_fixtures import (  # noqa: F401  (pytest fixtures)
     scratch,
 )
 
-from qkgeom.sweep import SpecError, build_plan, plan_from, snapshot_every
+from qkgeom.plan.spec import SpecError, build_plan, plan_from, snapshot_every
 
 
 def run(*args: str) -> tuple[int, str]:
@@ -48,7 +48,7 @@ def test_snapshot_policy():
 def test_train_writes_weight_snapshots_apart_from_checkpoints(tmp_path, wikitext_dir):
     from qkgeom import pretrained as P
     from qkgeom.config import preset
-    from qkgeom.train import STATE_FILE, train
+    from qkgeom.engine.train import STATE_FILE, train
 
     cfg = preset("smoke").with_overrides({"dataset": str(wikitext_dir), "max_steps": 100})
     ck, sn = tmp_path / "ck", tmp_path / "sn"
@@ -84,7 +84,7 @@ def test_pruned_sweep_rows_exist_and_every_snapshot_is_probed(scratch, wikitext_
     import pyarrow.fs as pafs
 
     from qkgeom.store import open_store
-    from qkgeom.tune import SweepOptions, run_sweep, shutdown
+    from qkgeom.sweeps.driver import SweepOptions, run_sweep, shutdown
 
     # every trial fails once at step 70 and resumes from a resume checkpoint; with a prune
     # age of 0 every superseded checkpoint but the newest two goes at once

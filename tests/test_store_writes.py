@@ -235,7 +235,7 @@ def test_an_older_database_with_retired_logit_erank_rows_still_reads(store):
     accept the name because the database declares it."""
     from qkgeom.analysis.correlation import metric_points
     from qkgeom.analysis.trials import check_metric, known_metrics
-    from qkgeom.plots import METRIC_TITLES
+    from qkgeom.report.plots import METRIC_TITLES
     from qkgeom.store.models import MetricDefinition
 
     assert "logit_erank" not in METRICS

@@ -21,7 +21,7 @@ from conftest_store import make_record
 from qkgeom.cli import main
 from qkgeom.records import StepRecord
 from qkgeom.store import open_store
-from qkgeom.sweep_files import STORAGE_KEY, is_experiment_of
+from qkgeom.sweeps.files import STORAGE_KEY, is_experiment_of
 
 pytest_plugins = ["store_fixtures"]  # db_url
 

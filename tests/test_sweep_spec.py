@@ -1,4 +1,4 @@
-"""The sweep spec (qkgeom.sweep): presets, spec files, --set, validation, pairing. No Ray."""
+"""The sweep spec (qkgeom.plan.spec): presets, spec files, --set, validation, pairing. No Ray."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from qkgeom.config import TrialConfig
-from qkgeom.sweep import (
+from qkgeom.plan.spec import (
     SpecError,
     baseline_metric,
     build_plan,
@@ -172,13 +172,13 @@ def test_baseline_fraction_arms_wait_for_their_baseline():
 
 
 def test_sweep_module_and_help_do_not_import_ray():
-    code = ("import sys, qkgeom.sweep, qkgeom.cli; "
+    code = ("import sys, qkgeom.plan.spec, qkgeom.cli; "
             "assert 'ray' not in sys.modules, 'ray imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_relative_data_path_becomes_absolute_for_ray_workers(tmp_path, monkeypatch):
-    from qkgeom.sweep import plan_from
+    from qkgeom.plan.spec import plan_from
 
     (tmp_path / "corpus.txt").write_text("abc" * 100)
     monkeypatch.chdir(tmp_path)

@@ -10,7 +10,7 @@ import pytest
 from sweep_fixtures import run_cli, scratch  # noqa: F401
 
 from qkgeom.store import open_store
-from qkgeom.trackers import flat_result
+from qkgeom.sweeps.trackers import flat_result
 
 pytestmark = pytest.mark.ray
 

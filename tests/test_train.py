@@ -11,8 +11,8 @@ from click.testing import CliRunner
 
 from qkgeom.cli import main
 from qkgeom.config import ConfigError, TrialConfig, preset
-from qkgeom.data import DataError, load_corpus, unigram_entropy
-from qkgeom.train import InjectedFailure, lr_at, train, training
+from qkgeom.engine.data import DataError, load_corpus, unigram_entropy
+from qkgeom.engine.train import InjectedFailure, lr_at, train, training
 
 
 def collect(cfg, **kw):

@@ -33,7 +33,7 @@ def observe_db_state(monkeypatch, db: str, sweep: str) -> dict[str, list]:
     """Record, from Tune's own callbacks, what the database says about a trial the moment
     Tune recovers it (a retry is due) or gives up on it. Tune calls the callbacks in order,
     so DbWriter has written its update when this observer (in ProgressReporter's place) reads."""
-    import qkgeom.tune as T
+    import qkgeom.sweeps.driver as T
     from qkgeom.store import open_store
 
     seen: dict[str, list] = {"recover": [], "error": []}
@@ -59,9 +59,9 @@ def observe_db_state(monkeypatch, db: str, sweep: str) -> dict[str, list]:
 
 def test_retry_from_checkpoint_matches_uninterrupted(scratch, wikitext_dir,  # noqa: F811
                                                      monkeypatch):
+    from qkgeom.plan.spec import plan_from
     from qkgeom.store import open_store
-    from qkgeom.sweep import plan_from
-    from qkgeom.tune import SweepOptions, run_sweep, shutdown
+    from qkgeom.sweeps.driver import SweepOptions, run_sweep, shutdown
 
     plan = plan_from("smoke", data=str(wikitext_dir), name="retry",
                      sets=["fail_at_step=25", "grid.depths=[2]", "interventions.arms=[hold]",
@@ -97,9 +97,9 @@ def test_trial_out_of_retries_ends_in_error(scratch, wikitext_dir, monkeypatch):
     from click.testing import CliRunner
 
     from qkgeom.cli import main
+    from qkgeom.plan.spec import plan_from
     from qkgeom.store import open_store
-    from qkgeom.sweep import plan_from
-    from qkgeom.tune import SweepOptions, run_sweep, shutdown
+    from qkgeom.sweeps.driver import SweepOptions, run_sweep, shutdown
 
     plan = plan_from("smoke", data=str(wikitext_dir), name="noretry",
                      sets=["fail_at_step=5", "grid.depths=[1]", "grid.inits=[gaussian]",
@@ -137,7 +137,7 @@ def test_trial_out_of_retries_ends_in_error(scratch, wikitext_dir, monkeypatch):
 
 @pytest.mark.postgres
 def test_cli_smoke_into_postgres(scratch, pg_url, wikitext_dir):  # noqa: F811
-    from qkgeom.sweep import plan_from
+    from qkgeom.plan.spec import plan_from
 
     p = run_cli(["sweep", "--preset", "smoke", "--db", pg_url, "--data", str(wikitext_dir),
                  "--progress-every", "30"], scratch)
@@ -169,8 +169,8 @@ def test_cli_smoke_into_postgres(scratch, pg_url, wikitext_dir):  # noqa: F811
 
 @pytest.mark.postgres
 def test_direct_writes_postgres_and_refused_for_sqlite(scratch, pg_url, wikitext_dir):  # noqa: F811
-    from qkgeom.sweep import plan_from
-    from qkgeom.tune import SweepError, SweepOptions, run_sweep, shutdown
+    from qkgeom.plan.spec import plan_from
+    from qkgeom.sweeps.driver import SweepError, SweepOptions, run_sweep, shutdown
 
     plan = plan_from("smoke", data=str(wikitext_dir), name="direct",
                      sets=["grid.depths=[1]", "grid.inits=[gaussian]",
@@ -207,8 +207,8 @@ def _db_state(db: str, sweep: str) -> tuple[int, int]:
 
 
 def test_sigkill_driver_then_resume(scratch, wikitext_dir):  # noqa: F811
+    from qkgeom.plan.spec import plan_from
     from qkgeom.store import open_store
-    from qkgeom.sweep import plan_from
 
     db = f"{scratch}/kill.db"
     args = ["--data", str(wikitext_dir), "--set", "max_steps=120", "--set", "grid.seeds=[0]"]
@@ -262,9 +262,9 @@ def test_baseline_fraction_arm_runs_after_its_baseline(scratch, wikitext_dir,  #
                                                         capsys):
     import json
 
+    from qkgeom.plan.spec import build_plan
     from qkgeom.store import open_store
-    from qkgeom.sweep import build_plan
-    from qkgeom.tune import SweepOptions, run_sweep, shutdown
+    from qkgeom.sweeps.driver import SweepOptions, run_sweep, shutdown
 
     spec = {"name": "bfrac", "trial": {"preset": "smoke", "overrides": {"max_steps": 40}},
             "interventions": {"depth": 1, "init": "gaussian", "arms": ["shrink"], "seeds": 1,
@@ -298,9 +298,9 @@ def test_baseline_fraction_arm_runs_after_its_baseline(scratch, wikitext_dir,  #
 def test_existing_sweep_in_database_is_not_rerun_or_respecified(tmp_path):
     # Ray storage can be fresh (another machine, another --storage) while the database
     # already holds the sweep: a second start must not mix two runs' probes into its trials
+    from qkgeom.plan.spec import plan_from
     from qkgeom.store import open_store
-    from qkgeom.sweep import plan_from
-    from qkgeom.tune import SweepError, prepare_db
+    from qkgeom.sweeps.driver import SweepError, prepare_db
 
     url = "sqlite:///" + str(tmp_path / "s.db")
     plan = plan_from("smoke", None, name="twice", data=None, sets=())
@@ -321,20 +321,20 @@ def test_existing_sweep_in_database_is_not_rerun_or_respecified(tmp_path):
 
 def test_callbacks_pickled_under_earlier_names_still_load():
     # Tune unpickles an experiment's callbacks on resume; an experiment saved before the
-    # callbacks moved to qkgeom.tune_callbacks names them qkgeom.tune.DbWriter/Progress
+    # callbacks moved to qkgeom.sweeps.callbacks names them qkgeom.sweeps.driver.DbWriter/Progress
     import pickle
 
-    from qkgeom.tune_callbacks import DbWriter, ProgressReporter
+    from qkgeom.sweeps.callbacks import DbWriter, ProgressReporter
 
     old = pickle.dumps(ProgressReporter(7.0), protocol=0).replace(
-        b"qkgeom.tune_callbacks\nProgressReporter", b"qkgeom.tune\nProgress")
-    assert b"qkgeom.tune\nProgress\n" in old
+        b"qkgeom.sweeps.callbacks\nProgressReporter", b"qkgeom.sweeps.driver\nProgress")
+    assert b"qkgeom.sweeps.driver\nProgress\n" in old
     reporter = pickle.loads(old)
     assert type(reporter) is ProgressReporter and reporter.every_s == 7.0
 
     writer = DbWriter("s", direct_writes=True, keep_last=3, keep_recent_s=5.0)
     data = pickle.dumps(writer, protocol=0).replace(
-        b"qkgeom.tune_callbacks\nDbWriter", b"qkgeom.tune\nDbWriter")
+        b"qkgeom.sweeps.callbacks\nDbWriter", b"qkgeom.sweeps.driver\nDbWriter")
     back = pickle.loads(data)
     assert type(back) is DbWriter
     assert (back.sweep, back.direct_writes, back.keep_last, back.keep_recent_s) == \
@@ -352,7 +352,7 @@ def test_progress_counts_a_trial_terminated_short_of_its_steps_as_stopped(monkey
     stop): the line must not then claim the unfinished ones are done."""
     from types import SimpleNamespace
 
-    from qkgeom import tune_callbacks as C
+    from qkgeom.sweeps import callbacks as C
 
     def trial(key, status, step):
         return SimpleNamespace(config={"trial": {"key": key, "config": {"max_steps": 100}}},
@@ -379,7 +379,7 @@ def test_shutdown_stops_its_ray_and_leaves_other_children_alone():
 
     import psutil
 
-    from qkgeom.tune import DRIVER, SweepOptions, init_ray, shutdown
+    from qkgeom.sweeps.driver import DRIVER, SweepOptions, init_ray, shutdown
 
     init_ray(SweepOptions(db_url="sqlite://", num_cpus=1, quiet=True))
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])

@@ -42,8 +42,8 @@ def _kill_started_under(temp_dir: Path) -> None:
 
 
 def test_sweep_on_two_nodes(scratch, wikitext_dir):  # noqa: F811
+    from qkgeom.plan.spec import plan_from
     from qkgeom.store import open_store
-    from qkgeom.sweep import plan_from
 
     port = _free_port()
     tmp = scratch / "r"

@@ -85,7 +85,7 @@ def paired_trials(store: Store, sweep: str, *, arm: str, baseline: str,
         raise AnalysisError(f"no finished trials of arm {arm!r} in sweep {sweep!r}; wait for "
                             "them or pass --include-unfinished")
     if baseline == BASELINE_ARM:  # an arm trained against another baseline run: refuse
-        from qkgeom.pairing import inconsistent_pairs
+        from qkgeom.plan.pairing import inconsistent_pairs
 
         bad = inconsistent_pairs(store, sweep, t_arm["trial_id"].to_list())
         if bad:

@@ -29,7 +29,7 @@ def serve_cmd(db: str | None, host: str, port: int, token: str | None, refresh: 
     verdicts (provisional while trials run), downloads. Ctrl-C stops it."""
     with user_errors():
         try:
-            from qkgeom.serve import check_bind, create_app, listen
+            from qkgeom.web.serve import check_bind, create_app, listen
         except ImportError as e:
             from qkgeom.errors import QkgeomError
 

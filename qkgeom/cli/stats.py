@@ -1,7 +1,7 @@
 """``qkgeom stats ...``, ``qkgeom plot ...`` and ``qkgeom report``: the study's verdicts.
 
 Thin: parse options, open the database read-only, call :mod:`qkgeom.analysis` /
-:mod:`qkgeom.plots` / :mod:`qkgeom.report`, print. ``--format json`` prints exactly one
+:mod:`qkgeom.report.plots` / :mod:`qkgeom.report.render`, print. ``--format json`` prints exactly one
 JSON object (NaN and infinities as null); the same ``--seed`` gives byte-identical output.
 """
 
@@ -349,7 +349,7 @@ def plot_cmd(kind: str, db: str | None, sweep: str | None, include_unfinished: b
              x: str, y: str, fmt: str) -> None:
     """Draw the trajectories, the intervention arms or a correlation scatter."""
     from qkgeom import analysis as A
-    from qkgeom import plots
+    from qkgeom.report import plots
 
     fin = not include_unfinished
     with _store(db) as store:
@@ -388,7 +388,7 @@ def report_cmd(db: str | None, sweep: str | None, include_unfinished: bool, out:
     (report.md with PNG figures beside it).
     """
     from qkgeom import analysis as A
-    from qkgeom.report import build_report
+    from qkgeom.report.render import build_report
 
     with _store(db) as store:
         name = A.resolve_sweep(store, sweep)

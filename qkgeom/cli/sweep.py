@@ -1,7 +1,7 @@
 """``qkgeom sweep`` (run a study on Ray Tune) and ``qkgeom status`` (its progress, from the DB).
 
-Ray is imported only inside the commands (through :mod:`qkgeom.tune` and
-:mod:`qkgeom.cluster`), so ``qkgeom --help`` stays instant.
+Ray is imported only inside the commands (through :mod:`qkgeom.sweeps.driver` and
+:mod:`qkgeom.sweeps.cluster`), so ``qkgeom --help`` stays instant.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from qkgeom.cli import main
 from qkgeom.cli.common import db_option, user_errors
 
 if TYPE_CHECKING:
-    from qkgeom.sweep import SweepPlan
+    from qkgeom.plan.spec import SweepPlan
 
 
 # a group that runs a sweep when no subcommand is named: `qkgeom sweep --preset smoke` and
@@ -95,7 +95,7 @@ def sweep(ctx: click.Context, preset_name: str | None, spec_file: str | None,
     if ctx.invoked_subcommand is not None:
         _refuse_run_options(ctx)
         return
-    from qkgeom.sweep import plan_from
+    from qkgeom.plan.spec import plan_from
 
     with user_errors():
         from_db = resume and preset_name is None and spec_file is None
@@ -107,7 +107,7 @@ def sweep(ctx: click.Context, preset_name: str | None, spec_file: str | None,
             _print_plan(plan)
             return
         if cluster_file:
-            from qkgeom.cluster import launch_on_cluster
+            from qkgeom.sweeps.cluster import launch_on_cluster
 
             if loggers:
                 raise click.UsageError("--logger runs in the sweep's driver: with --cluster, "
@@ -170,7 +170,7 @@ def _print_plan(plan: SweepPlan | None) -> None:
     """``--dry-run`` without ``--cluster``: the plan's trials, as JSON."""
     if plan is None:
         raise click.UsageError("--dry-run needs --preset or --spec")
-    from qkgeom.sweep import plan_summary
+    from qkgeom.plan.spec import plan_summary
 
     click.echo(json.dumps(plan_summary(plan), indent=1))
 
@@ -181,7 +181,7 @@ def _run_here(plan: SweepPlan | None, name: str | None, db: str | None,
     trials' table and how to read the results; ``options``: :class:`SweepOptions` fields."""
     import signal
 
-    from qkgeom.tune import (
+    from qkgeom.sweeps.driver import (
         SweepOptions,
         install_signal_handlers,
         plan_for_resume,
@@ -191,7 +191,7 @@ def _run_here(plan: SweepPlan | None, name: str | None, db: str | None,
     )
 
     if options["direct_writes"] and db is not None and not _is_pg(db):
-        from qkgeom.sweep import SweepError
+        from qkgeom.plan.spec import SweepError
 
         raise SweepError("--direct-writes needs a PostgreSQL database; drop it to let "
                          "the driver write (works with SQLite)")
@@ -257,7 +257,7 @@ def _report_interrupted(name: str, db: str | None) -> None:
     import sys
 
     from qkgeom.store import resolve_url, safe_url
-    from qkgeom.tune import absolute_sqlite_url, interrupted_by
+    from qkgeom.sweeps.driver import absolute_sqlite_url, interrupted_by
 
     why = interrupted_by() or "SIGINT"
     url = absolute_sqlite_url(resolve_url(db))
@@ -289,13 +289,13 @@ def status_rows(db: str | None, name: str | None) -> list[dict[str, Any]]:
 
     A running trial whose driver stopped sending heartbeats has ``stale`` true,
     ``no_heartbeat_s`` (seconds) and a ``note`` that says what to do
-    (:func:`qkgeom.lifecycle.no_heartbeat_s`); ``provenance`` is its latest attempt's
+    (:func:`qkgeom.store.lifecycle.no_heartbeat_s`); ``provenance`` is its latest attempt's
     ``trial_attempts`` row (code, git commit and dirty flag, versions, host, device).
     """
     from datetime import datetime, timezone
 
-    from qkgeom.lifecycle import no_heartbeat_s, stale_note
     from qkgeom.store import open_store
+    from qkgeom.store.lifecycle import no_heartbeat_s, stale_note
 
     with open_store(db, create=False, readonly=True) as store:
         sweeps = store.sweeps()
@@ -411,7 +411,7 @@ def delete(name: str, db: str | None, yes: bool, dry_run: bool) -> None:
     """
     from qkgeom.store import open_store, resolve_url
     from qkgeom.store.engine import sqlite_path
-    from qkgeom.sweep_files import plan_removal, remove_sweep
+    from qkgeom.sweeps.files import plan_removal, remove_sweep
 
     with user_errors():
         url = resolve_url(db)

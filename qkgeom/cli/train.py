@@ -72,8 +72,8 @@ def train(preset_name, data, sets, out, db, sweep_name, checkpoints, resume_dir,
     """Train one trial and probe its Q/K geometry as it trains."""
     with user_errors():
         from qkgeom.config import preset
+        from qkgeom.engine.train import train as run_trial
         from qkgeom.records import METRICS
-        from qkgeom.train import train as run_trial
 
         cfg = preset(preset_name)
         if data:
@@ -88,7 +88,7 @@ def train(preset_name, data, sets, out, db, sweep_name, checkpoints, resume_dir,
                     "--overwrite to replace them, or --resume OUT/checkpoints/step_N to "
                     "continue that run")
             _clear_run_dir(Path(out))
-        from qkgeom.data import load_corpus
+        from qkgeom.engine.data import load_corpus
 
         corpus = load_corpus(cfg.dataset)  # fails before anything is written
         run_dir = Path(out or f"runs/train-{preset_name}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -143,11 +143,11 @@ def _clear_run_dir(run_dir: Path) -> None:
 
 class Recorder:
     """Appends each probe to probes.jsonl (flushed: survives a crash) and, with --db, stores
-    it; the trial's status moves through :class:`qkgeom.lifecycle.TrialLifecycle`, as a
+    it; the trial's status moves through :class:`qkgeom.store.lifecycle.TrialLifecycle`, as a
     sweep's trials do. A context manager: leaving it closes the file and the database."""
 
     def __init__(self, run_dir: Path, db: str | None, sweep_name: str, cfg) -> None:
-        from qkgeom.sweep import trial_key
+        from qkgeom.plan.spec import trial_key
 
         self.path = run_dir / "probes.jsonl"
         self.fh = self.path.open("a", encoding="utf-8")
@@ -164,11 +164,11 @@ class Recorder:
                 raise
 
     def _open(self, db: str, sweep_name: str, cfg) -> None:
-        from qkgeom.lifecycle import TrialLifecycle
-        from qkgeom.provenance import provenance
-        from qkgeom.ship import code_version
+        from qkgeom.engine.train import pick_device
         from qkgeom.store import open_store, resolve_url, safe_url
-        from qkgeom.train import pick_device
+        from qkgeom.store.lifecycle import TrialLifecycle
+        from qkgeom.sweeps.provenance import provenance
+        from qkgeom.sweeps.ship import code_version
 
         url = resolve_url(db)
         self.url_shown = safe_url(url)

@@ -5,7 +5,7 @@ text sample (default: the WikiText test text) and streamed over chunks of it, so
 budget is bounded by time, not memory:
 
 * ``pr_q`` / ``pr_k``: PR of the mean-centred query/key vectors, from a float64
-  :class:`~qkgeom.metrics.StreamingCovariance` per layer (heads concatenated; a head's value
+  :class:`~qkgeom.engine.metrics.StreamingCovariance` per layer (heads concatenated; a head's value
   is the PR of its ``d_head x d_head`` diagonal block). Memory is ``O(n_layers d^2)``, flat
   in the number of tokens. For rotary models these are the vectors *after* the rotary
   embedding (the ones that meet in ``q k^T``); ``pr_q_prerot`` / ``pr_k_prerot`` hold the
@@ -15,7 +15,7 @@ budget is bounded by time, not memory:
   the captured ``q`` and ``k`` and averaged over every counted query row of every chunk.
 * ``token_erank``: effective rank of each head's row-centred score matrix ``q k_c^T`` (keys
   centred over the sequence), mean over the first ``erank_seqs`` sequences; from the
-  post-rotary ``q`` and ``k`` in factored form (:func:`qkgeom.metrics.token_effective_rank`:
+  post-rotary ``q`` and ``k`` in factored form (:func:`qkgeom.engine.metrics.token_effective_rank`:
   a ``d_head x d_head`` SVD per head and sequence, no logits).
 * ``pr_wq``, ``pr_wk``, ``qk_pr``, ``qk_erank``: weight spectra; the interaction spectrum of
   ``W_Q^h (W_K^h)^T`` in factored form (for rotary models: the position-0 interaction).

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from qkgeom import metrics as M
+from qkgeom.engine import metrics as M
 from qkgeom.pretrained.base import DEFAULT_ERANK_SEQS
 from qkgeom.records import Row
 
@@ -176,7 +176,7 @@ def _attention_sums(q: Tensor, k: Tensor, vis: Tensor, scaling: float, probs: Te
     ``vis``: ``(B, 1|H, T, S)`` bool, padded query rows already removed. With the model's
     own ``probs`` the entropy comes from them; otherwise the softmax is recomputed in
     float64 from ``q`` and ``k``. ``token_erank``
-    (:func:`qkgeom.metrics.token_effective_rank`) comes from the ``d_head``-sized factors
+    (:func:`qkgeom.engine.metrics.token_effective_rank`) comes from the ``d_head``-sized factors
     of ``q`` and ``k`` (grouped keys through ``kv_of``, padding dropped by ``real``), so no
     logits are formed for it.
     """

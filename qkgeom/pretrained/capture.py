@@ -18,8 +18,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from qkgeom import metrics as M
-from qkgeom.hooks import hooked
+from qkgeom.engine import metrics as M
+from qkgeom.engine.hooks import hooked
+from qkgeom.engine.probe import head_weight_rows
 from qkgeom.pretrained.accumulate import GeometryAccumulator, busy_host_threads
 from qkgeom.pretrained.base import (
     DEFAULT_CHUNK_TOKENS,
@@ -32,7 +33,6 @@ from qkgeom.pretrained.base import (
 )
 from qkgeom.pretrained.load import Loaded
 from qkgeom.pretrained.text import batches, special_affixes, text_windows, tokenize_text
-from qkgeom.probe import head_weight_rows
 from qkgeom.records import Row
 
 ATTN_IMPL = "qkgeom"  # the name registered in transformers' AttentionInterface
@@ -269,7 +269,7 @@ def measure_hf(loaded: Loaded, text: str, *, max_tokens: int | None = DEFAULT_MA
 
 
 def site_weight_rows(sites: Sequence[AttnSite], n_head: int, n_kv: int) -> list[Row]:
-    """Weight-spectrum rows (:func:`qkgeom.probe.head_weight_rows`) of the sites' ``W_q`` /
+    """Weight-spectrum rows (:func:`qkgeom.engine.probe.head_weight_rows`) of the sites' ``W_q`` /
     ``W_k``, split into ``n_head`` / ``n_kv`` heads, in float64 on the CPU.
 
     All intra-op threads on a quiet host: SmolLM2-135M on 2 cores took 0.35-0.38 s against

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from qkgeom import metrics as M
-from qkgeom.hooks import capture_outputs
+from qkgeom.engine import metrics as M
+from qkgeom.engine.hooks import capture_outputs
+from qkgeom.engine.probe import weight_rows
 from qkgeom.pretrained.accumulate import GeometryAccumulator
 from qkgeom.pretrained.base import (
     DEFAULT_CHUNK_TOKENS,
@@ -27,7 +28,6 @@ from qkgeom.pretrained.base import (
     TokenProgress,
 )
 from qkgeom.pretrained.text import batches, text_windows
-from qkgeom.probe import weight_rows
 
 if TYPE_CHECKING:
     from qkgeom.store import Store
@@ -54,7 +54,7 @@ def _fs(uri: str) -> tuple[Any, str]:
 
 def _state_exists(loc: str | Path) -> bool:
     """Whether a checkpoint/snapshot directory (path or URI) holds a ``state.pt``."""
-    from qkgeom.train import STATE_FILE
+    from qkgeom.engine.train import STATE_FILE
 
     if not _is_uri(loc):
         return (Path(loc) / STATE_FILE).is_file()
@@ -73,7 +73,7 @@ def checkpoint_dirs(root: str | Path) -> list[tuple[int, Path | str]]:
     ``root`` may be a URI (``s3://...``, ``gs://...``, ``file://...``): the directories are
     then listed through its ``pyarrow.fs`` filesystem and returned as URIs.
     """
-    from qkgeom.train import STATE_FILE
+    from qkgeom.engine.train import STATE_FILE
 
     if _is_uri(root):
         import pyarrow.fs as pafs
@@ -171,7 +171,7 @@ def resolve_checkpoints(spec: str, store: Store | None,
 def _read_state(directory: str | Path, device: str) -> dict:
     import io
 
-    from qkgeom.train import STATE_FILE
+    from qkgeom.engine.train import STATE_FILE
 
     if _is_uri(directory):
         fs, path = _fs(str(directory))
@@ -193,7 +193,7 @@ def load_checkpoint(directory: str | Path, device: str = "cpu") -> tuple[Any, li
     """``(GPT in eval mode, chars, config dict)`` from a qkgeom checkpoint or weight snapshot
     directory (a path, or a URI read through ``pyarrow.fs``)."""
     from qkgeom.config import TrialConfig
-    from qkgeom.model import GPT
+    from qkgeom.engine.model import GPT
 
     state = _read_state(directory, device)
     cfg = TrialConfig.from_dict(state["config"])
@@ -207,7 +207,7 @@ def measure_gpt(model: Any, chars: Sequence[str], text: str, *,
                 chunk_tokens: int = DEFAULT_CHUNK_TOKENS, erank_seqs: int = DEFAULT_ERANK_SEQS,
                 progress: TokenProgress | None = None) -> Measurement:
     """The same metrics for qkgeom's own character-level GPT (context ``block_size``)."""
-    from qkgeom.data import UNK
+    from qkgeom.engine.data import UNK
 
     lut = {c: i + 1 for i, c in enumerate(chars)}
     n = len(text) if max_tokens is None else min(len(text), max_tokens)

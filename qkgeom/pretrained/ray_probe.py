@@ -11,10 +11,10 @@ error) is resubmitted up to ``retries`` times; a crashed worker process is retri
 itself (``max_retries``). Failures are reported per revision at the end.
 
 Test only (like training's ``fail_at_step``): ``$QKGEOM_TEST_FAIL_REVISION`` set to
-``LABEL[:N],...`` makes revision LABEL's task raise :class:`qkgeom.train.InjectedFailure` on
+``LABEL[:N],...`` makes revision LABEL's task raise :class:`qkgeom.engine.train.InjectedFailure` on
 its first N attempts (default 1), a real failed Ray task that exercises ``--retries``.
 
-Ray is started and stopped through :mod:`qkgeom.tune`'s helpers (the same ones
+Ray is started and stopped through :mod:`qkgeom.sweeps.driver`'s helpers (the same ones
 ``qkgeom sweep`` uses).
 """
 
@@ -74,7 +74,7 @@ def _measure_task(job: RevisionJob, text: str, text_path: str, kw: dict, threads
     import torch
 
     if attempt <= fail_attempts:
-        from qkgeom.train import InjectedFailure
+        from qkgeom.engine.train import InjectedFailure
 
         raise InjectedFailure(f"{FAULT_ENV}: injected failure of {job.label}, attempt "
                               f"{attempt} of the first {fail_attempts}")
@@ -121,7 +121,7 @@ def run_on_ray(name: str, jobs: list[RevisionJob], text: str, text_path: str | P
     """
     import ray
 
-    from qkgeom import tune
+    from qkgeom.sweeps import driver as tune
 
     say = note or (lambda _m: None)
     if opts.gpus_per_revision < 0 or opts.cpus_per_revision <= 0:

@@ -1,7 +1,7 @@
 """The text a pretrained probe reads: where it comes from, its tokens, its sequences.
 
 :func:`text_windows` cuts token ids into model-sized sequences with the tokenizer's own
-affixes (not :func:`qkgeom.data.windows`, which cuts training batches at given starts);
+affixes (not :func:`qkgeom.engine.data.windows`, which cuts training batches at given starts);
 :func:`batches` pads them into ``(input_ids, attention_mask)`` chunks.
 """
 
@@ -21,7 +21,7 @@ from qkgeom.pretrained.base import PretrainedError
 
 def default_text() -> Path:
     """The WikiText test text: ``$QKGEOM_DATA/wiki.test.raw``, the cache, or a download."""
-    from qkgeom import data
+    from qkgeom.engine import data
 
     cands = []
     env = os.environ.get("QKGEOM_DATA")

@@ -2,7 +2,7 @@
 hold`` / ``not enough data``, each with an error rate that :mod:`qkgeom.stats.calibration`
 measures under null models and ``benchmarks/calibration.py`` records.
 
-:mod:`qkgeom.claims` reads the database and calls these; the calibration calls the same
+:mod:`qkgeom.report.claims` reads the database and calls these; the calibration calls the same
 functions on simulated data, so what is calibrated is what decides the report.
 
 * :func:`gap_rule` (claim 2-gap), :func:`slopes_rule` (2-slopes, from step 0 and from the

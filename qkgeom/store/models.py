@@ -113,15 +113,15 @@ class Trial(Base):
     test_loss: Mapped[float | None] = mapped_column(Double)
     # arms with a baseline-relative target: the baseline they were filled from (trial key,
     # attempt, metric, digest of the target, Tune experiment); NULL otherwise
-    # (qkgeom.pairing)
+    # (qkgeom.plan.pairing)
     baseline_ref: Mapped[dict | None] = mapped_column(JSONType)
-    # last sign of life of a running trial's driver (qkgeom.lifecycle judges staleness)
+    # last sign of life of a running trial's driver (qkgeom.store.lifecycle judges staleness)
     heartbeat_at: Mapped[datetime | None] = mapped_column(Stamp)
 
 
 class TrialAttempt(Base):
     """One start of a trial, and what ran it: the code (content hash, git commit, dirty
-    flag), the Python/torch/Ray/CUDA versions, host and device (``qkgeom.provenance``,
+    flag), the Python/torch/Ray/CUDA versions, host and device (``qkgeom.sweeps.provenance``,
     measured where the trial trained; NULL until known, e.g. before the first result)."""
 
     __tablename__ = "trial_attempts"

@@ -1,5 +1,5 @@
 """The study's read-side queries: every SELECT that :mod:`qkgeom.analysis` and
-:class:`qkgeom.study.Study` run, each a named function over the tables and views.
+:class:`qkgeom.report.study.Study` run, each a named function over the tables and views.
 
 Values always reach SQL as bound parameters; IN lists are expanding bind parameters
 (``bindparam(name, expanding=True)``), never text built from values. Each function takes

@@ -61,8 +61,8 @@ class TrialInfo:
     host: str | None
     device: str | None
     test_loss: float | None = None  # nats/char at the end of training; None until then
-    baseline_ref: dict | None = None  # arms filled from a baseline (qkgeom.pairing)
-    heartbeat_at: datetime | None = None  # last sign of life while running (qkgeom.lifecycle)
+    baseline_ref: dict | None = None  # arms filled from a baseline (qkgeom.plan.pairing)
+    heartbeat_at: datetime | None = None  # last sign of life while running (qkgeom.store.lifecycle)
 
 
 class Reads(StoreBase):

@@ -178,7 +178,7 @@ class Store(ResultWrites, Reads):
         The first call for an attempt sets ``started_at``; later calls overwrite only the
         fields ``provenance`` gives (``code_version``, ``git_commit``, ``git_dirty``,
         ``python``, ``torch``, ``ray``, ``cuda``, ``host``, ``device``, ``details``; see
-        :func:`qkgeom.provenance.provenance`). Unknown keys are refused.
+        :func:`qkgeom.sweeps.provenance.provenance`). Unknown keys are refused.
         """
         from sqlalchemy import select
 
@@ -213,7 +213,7 @@ class Store(ResultWrites, Reads):
 
     def set_baseline_ref(self, trial_id: int, ref: dict | None) -> None:
         """Record which baseline an arm's target came from (``trials.baseline_ref``,
-        :mod:`qkgeom.pairing`); None clears it."""
+        :mod:`qkgeom.plan.pairing`); None clears it."""
         t = Trial.__table__
         with self._write() as conn:
             n = conn.execute(t.update().where(t.c.id == trial_id)
@@ -240,7 +240,7 @@ class Store(ResultWrites, Reads):
 
     def delete_sweep(self, name: str) -> dict[str, int]:
         """Delete sweep ``name`` and every row of its trials, in one transaction (files are
-        :func:`qkgeom.sweep_files.remove_sweep`'s). Returns the rows deleted per table, as
+        :func:`qkgeom.sweeps.files.remove_sweep`'s). Returns the rows deleted per table, as
         :meth:`sweep_row_counts` counts them."""
         from sqlalchemy import bindparam, select
 

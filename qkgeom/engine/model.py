@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkgeom.config import TrialConfig
-from qkgeom.metrics import split_heads
+from qkgeom.engine.metrics import split_heads
 
 
 class HookPoint(nn.Module):

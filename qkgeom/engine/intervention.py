@@ -33,8 +33,8 @@ import torch
 from torch import Tensor
 
 from qkgeom.config import TrialConfig
-from qkgeom.metrics import weight_pr
-from qkgeom.model import GPT
+from qkgeom.engine.metrics import weight_pr
+from qkgeom.engine.model import GPT
 
 
 # ---------------------------------------------------------------------- spectral maths
@@ -251,7 +251,7 @@ class _KeyShaper:
         self.a: Tensor | None = None  # (C, C) current linear map on centred keys
         self.pr0: float | None = None
         self.target: float | None = None
-        # Not qkgeom.hooks: this hook lives as long as the model trains (every forward pass
+        # Not qkgeom.engine.hooks: this hook lives as long as the model trains (every forward pass
         # of every step), not for one ``with`` block, so it keeps no handle to remove.
         hook_point.register_forward_hook(self._hook)
 

@@ -2,8 +2,8 @@
 
 ``pending -> running -> terminated | error | interrupted``, with ``pending`` again when a
 failed attempt is retried. Each start of an attempt counts in ``attempts`` and has a row in
-``trial_attempts`` with its provenance (:mod:`qkgeom.provenance`). Both the
-sweep's driver-side Tune callback (:class:`qkgeom.tune_callbacks.DbWriter`) and
+``trial_attempts`` with its provenance (:mod:`qkgeom.sweeps.provenance`). Both the
+sweep's driver-side Tune callback (:class:`qkgeom.sweeps.callbacks.DbWriter`) and
 ``qkgeom train --db`` (:mod:`qkgeom.cli.train`) move trials through here, so the two
 record a trial the same way; :func:`mark_interrupted` records a sweep that stopped
 short. No Ray, no torch: a thin layer over :meth:`qkgeom.store.Store.set_trial_status`.
@@ -40,7 +40,7 @@ class TrialLifecycle:
     def started(self, trial_id: int, provenance: dict | None = None) -> int:
         """An attempt starts: ``running``, one more attempt, and its row in
         ``trial_attempts`` with what is known of it yet (``provenance``: fields of
-        :func:`qkgeom.provenance.provenance`). Returns the attempt's number."""
+        :func:`qkgeom.sweeps.provenance.provenance`). Returns the attempt's number."""
         self.store.set_trial_status(trial_id, "running", bump_attempts=True)
         return self.store.record_attempt(trial_id, provenance or {})
 

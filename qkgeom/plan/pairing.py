@@ -1,7 +1,7 @@
 """Arms and the baselines their targets come from (no Ray, no torch).
 
 An arm with ``target_mode: baseline_fraction`` (shrink, shrink_act) follows a fraction of
-its paired baseline's trajectory (:func:`qkgeom.sweep.fill_baseline_pr`), so it is only
+its paired baseline's trajectory (:func:`qkgeom.plan.spec.fill_baseline_pr`), so it is only
 meaningful against the baseline run it was filled from. This module decides, from the
 database, which arms may run:
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from qkgeom.errors import QkgeomError
-from qkgeom.sweep import TrialSpec, baseline_metric, fill_baseline_pr, trial_key
+from qkgeom.plan.spec import TrialSpec, baseline_metric, fill_baseline_pr, trial_key
 
 if TYPE_CHECKING:
     from qkgeom.store import Store

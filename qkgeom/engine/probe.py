@@ -13,9 +13,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from qkgeom import metrics as M
-from qkgeom.hooks import capture_outputs
-from qkgeom.model import GPT
+from qkgeom.engine import metrics as M
+from qkgeom.engine.hooks import capture_outputs
+from qkgeom.engine.model import GPT
 from qkgeom.records import Row
 
 
@@ -79,7 +79,7 @@ def head_weight_rows(qk: Sequence[tuple[Tensor, Tensor]]) -> list[Row]:
     """Weight-spectrum metrics (pr_wq, pr_wk, qk_pr, qk_erank) of per-head weights.
 
     ``qk``: per layer ``(W_Q, W_K)``, ``[H, d_head, d_model]`` and ``[H_kv, d_head,
-    d_model]`` (torch row layout, see :meth:`qkgeom.model.GPT.head_weights`). With grouped
+    d_model]`` (torch row layout, see :meth:`qkgeom.engine.model.GPT.head_weights`). With grouped
     keys (``H_kv < H``) query head ``h`` pairs with key head ``h // (H / H_kv)`` and each
     query head's ``pr_wk`` repeats its key head's. Layer rows: PR of the whole matrices;
     mean over heads of the interaction PR and effective rank. Values are computed on the

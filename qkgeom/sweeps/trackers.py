@@ -80,7 +80,7 @@ _BASES = {"TensorBoardLogger": ("ray.tune.logger", "TBXLoggerCallback"),
 
 
 def _flattening(name: str) -> Any:
-    """``class NAME(_Flattening, <Tune's callback>)``, importable as ``qkgeom.trackers.NAME``."""
+    """``class NAME(_Flattening, <Tune's callback>)``, importable as ``qkgeom.sweeps.trackers.NAME``."""
     import importlib
 
     mod, base = _BASES[name]
@@ -133,7 +133,7 @@ def tracker_callbacks(names: tuple[str, ...] | list[str], sweep: str) -> list[An
         elif n == "mlflow":
             out.append(mod.MLflowLogger(tracking_uri=mlflow_uri(),
                                         experiment_name=f"qkgeom-{sweep}",
-                                        tags={"qkgeom.sweep": sweep}))
+                                        tags={"qkgeom.plan.spec": sweep}))
         elif n == "wandb":
             os.environ.setdefault("WANDB_MODE", "offline")
             out.append(mod.WandbLogger(project=f"qkgeom-{sweep}"))

@@ -1,11 +1,11 @@
 """The driver's side of a running sweep: Tune's callbacks and the stop signals.
 
 :class:`DbWriter` is the single database writer (safe for SQLite), in the driver: probe
-rows and, through :class:`qkgeom.lifecycle.TrialLifecycle`, the trial lifecycle (pending
+rows and, through :class:`qkgeom.store.lifecycle.TrialLifecycle`, the trial lifecycle (pending
 -> running -> error | terminated, attempts, host, device, checkpoints). With
 ``direct_writes`` (PostgreSQL only) the workers write their own probe rows and the
 callback keeps the lifecycle, and the heartbeats of the running trials (on every result
-and every ``heartbeat_s`` seconds, :mod:`qkgeom.lifecycle`). :class:`ProgressReporter`
+and every ``heartbeat_s`` seconds, :mod:`qkgeom.store.lifecycle`). :class:`ProgressReporter`
 prints one concise progress line.
 SIGINT/SIGTERM in the driver are forwarded into Tune's graceful stop
 (:func:`install_signal_handlers`).
@@ -13,7 +13,7 @@ SIGINT/SIGTERM in the driver are forwarded into Tune's graceful stop
 Tune pickles the whole ``RunConfig`` (callbacks included) into the experiment state and
 brings the callbacks back from that pickle on restore, so callbacks hold no engine and no
 database URL (it may carry a password): what the driver shares with them lives in
-:data:`DRIVER`, filled by :func:`qkgeom.tune.run_sweep` in the driver process.
+:data:`DRIVER`, filled by :func:`qkgeom.sweeps.driver.run_sweep` in the driver process.
 """
 
 from __future__ import annotations
@@ -30,13 +30,13 @@ from typing import TYPE_CHECKING, Any
 from ray.tune import Callback
 
 from qkgeom.errors import QkgeomError
-from qkgeom.lifecycle import HEARTBEAT_S, duration_text
-from qkgeom.sweep import SweepError
-from qkgeom.tune_trial import storage_location, trial_name
+from qkgeom.plan.spec import SweepError
+from qkgeom.store.lifecycle import HEARTBEAT_S, duration_text
+from qkgeom.sweeps.trainable import storage_location, trial_name
 
 if TYPE_CHECKING:
-    from qkgeom.lifecycle import TrialLifecycle
     from qkgeom.store import Store
+    from qkgeom.store.lifecycle import TrialLifecycle
 
 # Driver-process state that must never be pickled into the experiment (see module doc):
 # db_url, storage, say, plan_steps, finished, finished_before, interrupted, in_fit,
@@ -60,7 +60,7 @@ def _error_text(trial: Any) -> str:
 def _recording(fn: Any) -> Any:
     """A qkgeom error in a callback (a database that fails, a trial row that is missing)
     ends Tune's whole fit with a TuneError around a traceback's text: keep the error's own
-    message in :data:`DRIVER` for :func:`qkgeom.tune.run_sweep` to report in one line."""
+    message in :data:`DRIVER` for :func:`qkgeom.sweeps.driver.run_sweep` to report in one line."""
     @functools.wraps(fn)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -119,7 +119,7 @@ class DbWriter(Callback):
     @property
     def lifecycle(self) -> TrialLifecycle:
         if self._lifecycle is None:
-            from qkgeom.lifecycle import TrialLifecycle
+            from qkgeom.store.lifecycle import TrialLifecycle
 
             self._lifecycle = TrialLifecycle(self.store)
         return self._lifecycle
@@ -147,7 +147,7 @@ class DbWriter(Callback):
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         if self._finished(trial):  # done before a driver crash; the trainable skips it
             return
-        from qkgeom.provenance import code_provenance
+        from qkgeom.sweeps.provenance import code_provenance
 
         self._seen.discard(trial.trial_id)
         self.lifecycle.started(self._tid(trial), code_provenance())

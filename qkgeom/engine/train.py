@@ -26,10 +26,10 @@ import numpy as np
 import torch
 
 from qkgeom.config import TrialConfig
-from qkgeom.data import Corpus, Sampler, fixed_starts, load_corpus, unigram_entropy, windows
-from qkgeom.intervention import KeySpectrumControl
-from qkgeom.model import GPT
-from qkgeom.probe import probe_model
+from qkgeom.engine.data import Corpus, Sampler, fixed_starts, load_corpus, unigram_entropy, windows
+from qkgeom.engine.intervention import KeySpectrumControl
+from qkgeom.engine.model import GPT
+from qkgeom.engine.probe import probe_model
 from qkgeom.records import ProbeRecord, StepRecord, TrialResult
 
 Report = Callable[[ProbeRecord, "str | None"], None]

@@ -1,5 +1,5 @@
 """Results computed in background threads and kept per data version, so a web page never
-waits long for a slow computation (used by :mod:`qkgeom.serve`)."""
+waits long for a slow computation (used by :mod:`qkgeom.web.serve`)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@
 * ``report.json``: every number behind the verdicts.
 
 Everything the report says is computed once, into a :class:`Report` (claims from
-:mod:`qkgeom.claims`, sections, figures, the study's scale); :func:`render_markdown`,
+:mod:`qkgeom.report.claims`, sections, figures, the study's scale); :func:`render_markdown`,
 :func:`render_html` and :func:`render_json` only format that one structure.
 
 Verdicts are ``holds``, ``does not hold`` or ``not enough data``; the rules are spelled out
@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qkgeom import analysis as A
-from qkgeom.claims import (
+from qkgeom.errors import QkgeomError
+from qkgeom.records import to_jsonable
+from qkgeom.report.claims import (
     ALPHA,
     ARM_CLAIMS,
     FAILS,
@@ -39,9 +41,7 @@ from qkgeom.claims import (
     Section,
     compute_claims,
 )
-from qkgeom.errors import QkgeomError
-from qkgeom.ladder import FINDINGS, RULES_VERSION, load_cells, robustness
-from qkgeom.records import to_jsonable
+from qkgeom.report.ladder import FINDINGS, RULES_VERSION, load_cells, robustness
 
 if TYPE_CHECKING:
     from qkgeom.store import Store
@@ -70,7 +70,7 @@ class Report:
     sections: list[Section]
     charts: dict[str, Any]  # name -> altair chart, each written as fig-NAME.png
     figures: list[tuple[str, str]]  # (chart name, caption) in the order shown
-    ladder: dict[str, dict[str, Any]]  # claim key -> robustness on the ladder (qkgeom.ladder)
+    ladder: dict[str, dict[str, Any]]  # claim key -> robustness on the ladder (qkgeom.report.ladder)
     calibration: str = ""  # how the verdict rules were calibrated (the header's line)
 
 
@@ -79,7 +79,7 @@ class Report:
 
 def _charts(store: Store, sweep: str, fin: bool, seed: int,
             frames: dict[str, Any]) -> dict[str, Any]:
-    from qkgeom import plots
+    from qkgeom.report import plots
     from qkgeom.stats import spearman
 
     charts: dict[str, Any] = {}
@@ -315,7 +315,7 @@ def render_json(rep: Report) -> str:
 def write_report(rep: Report, out: Path) -> list[Path]:
     """Write the figures (PNG for markdown, SVG inline for HTML) and the three renderings
     into the directory ``out``; the paths written, sorted."""
-    from qkgeom import plots
+    from qkgeom.report import plots
 
     svgs: dict[str, str] = {}
     written: list[Path] = []

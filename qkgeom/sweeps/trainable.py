@@ -1,6 +1,6 @@
-"""The Tune trainable: one qkgeom trial in a Ray worker (see :mod:`qkgeom.tune`).
+"""The Tune trainable: one qkgeom trial in a Ray worker (see :mod:`qkgeom.sweeps.driver`).
 
-:func:`trainable` runs :func:`qkgeom.train.train` and reports every probe through
+:func:`trainable` runs :func:`qkgeom.engine.train.train` and reports every probe through
 ``tune.report`` with a ``tune.Checkpoint``; a failed trial restarts from its last
 checkpoint and ``train(resume_from=...)`` continues with exactly the numbers an
 uninterrupted run produces. Weight snapshots at probe steps are copied to
@@ -23,7 +23,7 @@ from typing import Any
 import ray
 from ray import tune
 
-from qkgeom.sweep import TrialSpec
+from qkgeom.plan.spec import TrialSpec
 
 
 def _trial_device(cfg_device: str) -> str:
@@ -56,7 +56,7 @@ _CORPORA: dict[str, Any] = {}  # per worker process (actors are reused between t
 
 def worker_corpus(dataset: str) -> Any:
     """The encoded corpus ``dataset``, loaded once per process (one at a time)."""
-    from qkgeom.data import load_corpus
+    from qkgeom.engine.data import load_corpus
 
     if dataset not in _CORPORA:
         _CORPORA.clear()  # one corpus at a time: they can be large
@@ -112,10 +112,10 @@ def trainable(config: dict[str, Any], db_url: str | None = None,
     a URI under it when it is one).
     """
     from qkgeom.config import TrialConfig
-    from qkgeom.provenance import provenance
+    from qkgeom.engine.train import train
+    from qkgeom.plan.spec import snapshot_every
     from qkgeom.records import ProbeRecord
-    from qkgeom.sweep import snapshot_every
-    from qkgeom.train import train
+    from qkgeom.sweeps.provenance import provenance
 
     spec = TrialSpec.from_dict(config["trial"])
     if spec.key in finished:

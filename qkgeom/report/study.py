@@ -3,7 +3,7 @@
 :class:`Study` reads one sweep of a results database (opened read-only) and returns
 polars DataFrames (:meth:`Study.trials`, :meth:`Study.trajectories`, :meth:`Study.finals`,
 :meth:`Study.arms`, :meth:`Study.pretrained`), the statistics the CLI prints (the same
-functions of :mod:`qkgeom.analysis` and :mod:`qkgeom.report`, as their dataclasses), and
+functions of :mod:`qkgeom.analysis` and :mod:`qkgeom.report.render`, as their dataclasses), and
 the project's altair charts (:meth:`Study.chart`). Every call reads the database again,
 so a study that is still running shows its newest rows. ``qkgeom serve`` builds its page
 from the same methods. See docs/python-api.md.
@@ -96,7 +96,7 @@ class Study:
         heartbeat once its driver is gone, else null; its error then says so)."""
         from datetime import datetime, timezone
 
-        from qkgeom.lifecycle import no_heartbeat_s, stale_note
+        from qkgeom.store.lifecycle import no_heartbeat_s, stale_note
 
         sweeps = self.store.sweeps()
         every = dict(zip(sweeps["name"], sweeps["heartbeat_s"])).get(self.name)
@@ -260,16 +260,16 @@ class Study:
     def claims(self, *, seed: int = 0, n_boot: int = 10_000,
                finished_only: bool = True) -> list[Any]:
         """Every claim of the paper with its verdict on the data stored now (what
-        ``qkgeom report`` prints): a list of :class:`qkgeom.claims.Claim`
-        (also importable as ``qkgeom.report.Claim``)."""
-        from qkgeom.claims import compute_claims
+        ``qkgeom report`` prints): a list of :class:`qkgeom.report.claims.Claim`
+        (also importable as ``qkgeom.report.render.Claim``)."""
+        from qkgeom.report.claims import compute_claims
 
         return compute_claims(self.store, self.name, seed=seed, n_boot=n_boot,
                               finished_only=finished_only).claims
 
     def report(self, out_dir: str, **kw: Any) -> list[Any]:
         """Write the report files (``qkgeom report --out out_dir``); their paths."""
-        from qkgeom.report import build_report
+        from qkgeom.report.render import build_report
 
         return build_report(self.store, self.name, out_dir, **kw)
 
@@ -287,7 +287,7 @@ class Study:
         over the pretrained models' checkpoints (:meth:`checkpoint_frame`).
         ``finished_only`` as in the CLI (pass False for a running sweep).
         """
-        from qkgeom import plots
+        from qkgeom.report import plots
 
         if kind not in CHART_KINDS:
             raise QkgeomError(f"unknown chart {kind!r}; use one of {', '.join(CHART_KINDS)}")

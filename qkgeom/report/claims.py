@@ -1,5 +1,5 @@
 """The paper's claims, each beside its measured verdict: computed once, for the report
-(:mod:`qkgeom.report` renders them), ``qkgeom serve`` and :meth:`qkgeom.study.Study.claims`.
+(:mod:`qkgeom.report.render` renders them), ``qkgeom serve`` and :meth:`qkgeom.report.study.Study.claims`.
 
 Each claim function returns what it produces (a :class:`ClaimSet`: claims, report
 sections and the frames it read, which later claims and the figures reuse); nothing is

@@ -153,7 +153,7 @@ def build_wheel(out_dir: str | Path) -> Shipped:
         raise ShipError(f"{root / 'pyproject.toml'}: no static version = \"...\" line")
     pp.write_text(text)
     (src / "qkgeom" / "_shipped.py").write_text(
-        '"""Written by qkgeom.ship.build_wheel: what this wheel was built from."""\n\n'
+        '"""Written by qkgeom.sweeps.ship.build_wheel: what this wheel was built from."""\n\n'
         f'VERSION = "{version}"\nCONTENT_HASH = "{digest}"\n')
     dist = out / "dist"
     dist.mkdir(exist_ok=True)

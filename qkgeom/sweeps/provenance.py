@@ -19,7 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-# the paths qkgeom's content hash covers (qkgeom.ship): a change there is "dirty"
+# the paths qkgeom's content hash covers (qkgeom.sweeps.ship): a change there is "dirty"
 SOURCE_PATHS = ("qkgeom", "migrations", "pyproject.toml")
 FIELDS = ("code_version", "git_commit", "git_dirty", "python", "torch", "ray", "cuda",
           "host", "device")
@@ -57,7 +57,7 @@ def git_state(root: Path | None) -> tuple[str | None, bool | None]:
 @functools.lru_cache(maxsize=1)
 def _static() -> dict[str, Any]:
     """The part that cannot change while the process runs (computed once: git is slow)."""
-    from qkgeom.ship import code_version, source_root
+    from qkgeom.sweeps.ship import code_version, source_root
 
     commit, dirty = git_state(source_root())
     return {"code_version": code_version(), "git_commit": commit, "git_dirty": dirty,

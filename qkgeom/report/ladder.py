@@ -1,8 +1,8 @@
 """What the scale x learning-rate ladder says about each claim's robustness.
 
 The ladder (docs/findings.md) runs the same study at several widths (n_embd = context) and
-peak learning rates; ``qkgeom/ladder.json`` holds each measured cell's verdicts, written by
-``python studies/ladder.py --json qkgeom/ladder.json`` from the cells' databases (never by
+peak learning rates; ``qkgeom/report/ladder.json`` holds each measured cell's verdicts, written by
+``python studies/ladder.py --json qkgeom/report/ladder.json`` from the cells' databases (never by
 hand). The report puts, next to each verdict, whether the ladder saw that claim's verdict
 change with the learning rate at a fixed width, with the width at a fixed learning rate,
 with both, or with neither, so that a reader knows which verdicts of a small study say more

@@ -9,7 +9,7 @@ snapshots are recorded in the ``checkpoints`` table, as paths or URIs, usually i
 those directories (``qkgeom train --db`` records its own run directory's).
 
 No Ray here: paths and URIs alike are read and deleted through ``pyarrow.fs``, as Tune
-and :class:`qkgeom.tune_callbacks.DbWriter` do.
+and :class:`qkgeom.sweeps.callbacks.DbWriter` do.
 
 Pitfall settled here: names are prefixes of one another (``qkgeom-a-arms`` is both sweep
 ``a``'s arm experiment and sweep ``a-arms``'s main one), and two sweeps may share a
@@ -169,12 +169,12 @@ def plan_removal(store: Store, name: str) -> SweepRemoval:
     The files: the sweep's experiment directories in its recorded storage, and every
     checkpoint location of its trials that lies outside them. A path another sweep of
     the database could own is kept (listed with the reason, see the module doc). Running
-    trials with a fresh heartbeat (:mod:`qkgeom.lifecycle`) are ``live``: their sweep
+    trials with a fresh heartbeat (:mod:`qkgeom.store.lifecycle`) are ``live``: their sweep
     is not deleted while its driver runs.
     """
     import json
 
-    from qkgeom.lifecycle import no_heartbeat_s
+    from qkgeom.store.lifecycle import no_heartbeat_s
 
     store.require_sweep(name)
     frame = store.sweeps()

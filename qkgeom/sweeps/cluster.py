@@ -1,9 +1,9 @@
 """Cluster files and launching: ``qkgeom sweep --cluster FILE``.
 
 A Ray cluster launcher file is checked offline (:func:`validate_cluster_file`), qkgeom is
-shipped to its nodes as a wheel (:mod:`qkgeom.ship`), the cluster is started or updated
+shipped to its nodes as a wheel (:mod:`qkgeom.sweeps.ship`), the cluster is started or updated
 with Ray's cluster launcher and the sweep's driver runs on the head node, detached
-(:func:`launch_on_cluster`). The sweep itself is :mod:`qkgeom.tune`'s; nothing here runs
+(:func:`launch_on_cluster`). The sweep itself is :mod:`qkgeom.sweeps.driver`'s; nothing here runs
 trials. Ray is imported inside the functions (``ray.autoscaler`` only).
 """
 
@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 from qkgeom.errors import QkgeomError
 
 if TYPE_CHECKING:
-    from qkgeom.ship import Shipped
-    from qkgeom.sweep import SweepPlan
+    from qkgeom.plan.spec import SweepPlan
+    from qkgeom.sweeps.ship import Shipped
 
 
 class ClusterConfigError(QkgeomError):
@@ -55,7 +55,7 @@ def _read_cluster_file(p: Path) -> tuple[dict[str, Any], str]:
     try:
         cfg = yaml.safe_load(p.read_text())
     except yaml.YAMLError as e:
-        from qkgeom.sweep import parse_error
+        from qkgeom.plan.spec import parse_error
 
         raise ClusterConfigError(f"{p}: cannot parse YAML: {parse_error(e)}") from None
     if not isinstance(cfg, dict):
@@ -145,7 +145,7 @@ def _check_instance_types(types: dict[str, Any], where: str, ptype: str) -> None
 
 
 def _check_qkgeom_installed(cfg: dict[str, Any], where: str) -> None:
-    from qkgeom.ship import ShipError, check_installs
+    from qkgeom.sweeps.ship import ShipError, check_installs
 
     try:
         check_installs(cfg, where)
@@ -268,7 +268,7 @@ def launch_on_cluster(cluster_file: str, *, plan: SweepPlan | None, name: str,
     """Validate the cluster file, ship qkgeom, start/update the cluster, run the driver.
 
     The spec is validated here first (``plan``), so a bad spec never starts machines.
-    What is launched is a derived copy of the file (:mod:`qkgeom.ship`): the running
+    What is launched is a derived copy of the file (:mod:`qkgeom.sweeps.ship`): the running
     qkgeom as a wheel (and a local ``--data``) in ``file_mounts``. ``dry_run`` prints that
     file and the remote command and starts nothing.
     """
@@ -328,7 +328,7 @@ def _derive_cluster_file(cfg: dict[str, Any], cluster_file: str, data: str | Non
     derived cluster file: ``(derived, its path, the remote --data, the shipped wheel)``."""
     import tempfile
 
-    from qkgeom import ship
+    from qkgeom.sweeps import ship
 
     local_data = ship.data_to_ship(data)  # a too-large corpus is refused before any build
     tmp = Path(tempfile.mkdtemp(prefix="qkgeom-cluster-"))
@@ -348,7 +348,7 @@ def _start_cluster(cluster_file: str, derived_file: str, out: Any) -> None:
     """``ray up`` through Ray's SDK; a credentials failure becomes one line."""
     from ray.autoscaler import sdk
 
-    from qkgeom import ship
+    from qkgeom.sweeps import ship
 
     out(f"starting/updating the Ray cluster of {cluster_file} (ray up {derived_file}) ...")
     t0 = time.perf_counter()

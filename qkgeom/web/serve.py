@@ -1,7 +1,7 @@
 """``qkgeom serve``: a live web page over a results database (read-only).
 
 A Starlette app (:func:`create_app`) served by uvicorn. Pages are plain HTML built on the
-server from :class:`qkgeom.study.Study`; charts are the project's altair charts rendered
+server from :class:`qkgeom.report.study.Study`; charts are the project's altair charts rendered
 to inline SVG by vl-convert, so the page needs no network and no script from anywhere.
 Pages reload themselves every few seconds (``<meta http-equiv="refresh">``, ``refresh=0``
 turns it off). Verdicts and charts are computed in background threads and kept per
@@ -48,12 +48,12 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from qkgeom import analysis as A
-from qkgeom.background import Failed, Jobs
 from qkgeom.errors import QkgeomError
-from qkgeom.study import FINISHED, Study
-from qkgeom.webpage import cell as _cell
-from qkgeom.webpage import escape as _e
-from qkgeom.webpage import html_table, page
+from qkgeom.report.study import FINISHED, Study
+from qkgeom.web.background import Failed, Jobs
+from qkgeom.web.html import cell as _cell
+from qkgeom.web.html import escape as _e
+from qkgeom.web.html import html_table, page
 
 if TYPE_CHECKING:
     from qkgeom.store import Store
@@ -184,7 +184,7 @@ class Server:
                   wait_s: float | None = None) -> tuple[Any, bool]:
         """((svg, note), fresh): the chart as inline SVG, or an empty string and why there
         is none; (None, False) while the first one is being drawn."""
-        from qkgeom import plots
+        from qkgeom.report import plots
 
         def make() -> tuple[str, str]:
             try:
@@ -211,7 +211,7 @@ class Server:
         """(table rows, chart SVG, note) of the pretrained models' checkpoint trends, from
         one :meth:`Study.checkpoint_trends` pass; the SVG is '' when no checkpoint has a
         step, or when drawing failed (the note says why)."""
-        from qkgeom import plots
+        from qkgeom.report import plots
 
         def make() -> tuple[list[dict[str, Any]], str, str]:
             trends = st.checkpoint_trends()

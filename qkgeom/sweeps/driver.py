@@ -1,10 +1,10 @@
 """Sweeps on Ray Tune: the driver, which plans, records and runs a sweep's trials.
 
-Ray lives in four small modules: this driver, :mod:`qkgeom.tune_trial` (the function
-trainable each trial runs in a Ray worker), :mod:`qkgeom.tune_callbacks` (the
-driver-side Tune callbacks and stop signals) and :mod:`qkgeom.tune_ray` (starting,
+Ray lives in four small modules: this driver, :mod:`qkgeom.sweeps.trainable` (the function
+trainable each trial runs in a Ray worker), :mod:`qkgeom.sweeps.callbacks` (the
+driver-side Tune callbacks and stop signals) and :mod:`qkgeom.sweeps.ray_session` (starting,
 checking and stopping the Ray instance, and reaping one a killed driver left); experiment names and a sweep's files are
-:mod:`qkgeom.sweep_files`'s (no Ray), cluster files and launching :mod:`qkgeom.cluster`'s. The trainable runs :func:`qkgeom.train.train` per trial and
+:mod:`qkgeom.sweeps.files`'s (no Ray), cluster files and launching :mod:`qkgeom.sweeps.cluster`'s. The trainable runs :func:`qkgeom.engine.train.train` per trial and
 reports every probe through ``tune.report`` with a ``tune.Checkpoint``; a failed trial
 restarts from its last checkpoint (``FailureConfig.max_failures``) and
 ``train(resume_from=...)`` continues with exactly the numbers an uninterrupted run
@@ -28,10 +28,10 @@ Pitfalls settled here (see ../shared/RAY.md):
 * Tune pickles the whole ``RunConfig`` (callbacks included) into the experiment state and
   brings the callbacks back from that pickle on restore, so callbacks hold no engine and
   no database URL (it may carry a password): the URL lives in
-  :data:`qkgeom.tune_callbacks.DRIVER`, set by :func:`run_sweep` in the driver process.
+  :data:`qkgeom.sweeps.callbacks.DRIVER`, set by :func:`run_sweep` in the driver process.
 * In ``on_trial_complete`` the trial still reads RUNNING: the callback writes the
   terminal state itself.
-* Importing this module imports Ray; ``qkgeom --help`` and :mod:`qkgeom.sweep` do not.
+* Importing this module imports Ray; ``qkgeom --help`` and :mod:`qkgeom.plan.spec` do not.
 """
 
 from __future__ import annotations
@@ -47,14 +47,21 @@ from typing import TYPE_CHECKING, Any
 from ray import tune
 
 from qkgeom.errors import QkgeomError
-from qkgeom.lifecycle import HEARTBEAT_S, mark_interrupted
-from qkgeom.sweep import (
+from qkgeom.plan.spec import (
     SweepError,
     SweepPlan,
     TrialSpec,
     build_plan,
 )
-from qkgeom.sweep_files import (
+from qkgeom.store.lifecycle import HEARTBEAT_S, mark_interrupted
+from qkgeom.sweeps.callbacks import (
+    DRIVER,
+    DbWriter,
+    ProgressReporter,
+    install_signal_handlers,
+    restore_signal_handlers,
+)
+from qkgeom.sweeps.files import (
     EXPERIMENT_PREFIX,
     STORAGE_KEY,
     arm_experiments,
@@ -63,22 +70,15 @@ from qkgeom.sweep_files import (
     join_storage,
     plain_spec,
 )
-from qkgeom.trackers import check_trackers, tracker_callbacks
-from qkgeom.tune_callbacks import (
-    DRIVER,
-    DbWriter,
-    ProgressReporter,
-    install_signal_handlers,
-    restore_signal_handlers,
-)
-from qkgeom.tune_ray import (
+from qkgeom.sweeps.ray_session import (
     check_resources,
     gpus_per_trial,
     init_ray,
     shutdown,
     warn_unplaceable,
 )
-from qkgeom.tune_trial import trainable, trial_dirname, trial_name, worker_corpus
+from qkgeom.sweeps.trackers import check_trackers, tracker_callbacks
+from qkgeom.sweeps.trainable import trainable, trial_dirname, trial_name, worker_corpus
 
 if TYPE_CHECKING:
     from qkgeom.store import Store
@@ -90,7 +90,7 @@ __all__ = ["DbWriter", "ProgressReporter", "SweepError", "SweepOptions", "absolu
            "trial_name", "trial_statuses"]
 
 # Tune unpickles an experiment's callbacks on resume, and experiments saved by earlier
-# versions name them qkgeom.tune.DbWriter and qkgeom.tune.Progress: both still resolve.
+# versions name them qkgeom.sweeps.driver.DbWriter and qkgeom.sweeps.driver.Progress: both still resolve.
 Progress = ProgressReporter
 
 
@@ -111,18 +111,18 @@ class SweepOptions:
     # superseded resume checkpoints older than this are pruned (tests shorten it)
     prune_age_s: float = 60.0
     progress_every_s: float = 10.0
-    # seconds between heartbeats of the running trials (qkgeom.lifecycle; tests shorten it)
+    # seconds between heartbeats of the running trials (qkgeom.store.lifecycle; tests shorten it)
     heartbeat_s: float = HEARTBEAT_S
     num_cpus: int | None = None  # local Ray only (default: all cores)
     ray_temp_dir: str | None = None  # local Ray only (default: a fresh dir under /tmp)
     quiet: bool = False
     extra_env: dict[str, str] = field(default_factory=dict)
-    loggers: tuple[str, ...] = ()  # opt-in trackers (qkgeom.trackers): tensorboard, ...
+    loggers: tuple[str, ...] = ()  # opt-in trackers (qkgeom.sweeps.trackers): tensorboard, ...
 
 
 def code_version() -> str:
     """``__version__+h<content hash>``: the shipped wheel's version on a cluster node."""
-    from qkgeom.ship import code_version as shipped_version
+    from qkgeom.sweeps.ship import code_version as shipped_version
 
     return shipped_version()
 
@@ -358,7 +358,7 @@ def run_sweep(plan: SweepPlan, opts: SweepOptions) -> dict[str, Any]:
     check_resources(opts)  # before anything is created or started
     # local Ray: the corpus is downloaded and encoded here, once, before any trial starts (a
     # bad --data fails here). On a cluster the first trial on each node does it and the
-    # node's other trials wait on the cache's lock (qkgeom.data), then open the result.
+    # node's other trials wait on the cache's lock (qkgeom.engine.data), then open the result.
     if opts.address is None:
         for dataset in sorted({t.config.get("dataset", "default") for t in plan.trials}):
             worker_corpus(dataset)
@@ -451,11 +451,11 @@ def _run(plan: SweepPlan, opts: SweepOptions, db_url: str, storage: str, threads
 def _run_arms(plan: SweepPlan, later: list[TrialSpec], opts: SweepOptions, db_url: str,
               storage: str, threads: int, gpus: float, say: Any) -> dict[str, str]:
     """The arm phase: arms whose target is a fraction of their paired baseline's trajectory
-    run only against a finished baseline (:mod:`qkgeom.pairing`). Arms an earlier run
+    run only against a finished baseline (:mod:`qkgeom.plan.pairing`). Arms an earlier run
     placed in a Tune experiment continue there (restored from their checkpoints); arms
     that could not run before, and stale ones, run afresh in a new experiment. Returns the
     arms still waiting for their baseline (key -> reason)."""
-    from qkgeom import pairing
+    from qkgeom.plan import pairing
     from qkgeom.store import open_store
 
     with open_store(db_url) as store:

@@ -3,9 +3,9 @@ checking that trials fit it, stopping it with every process it started, and reap
 instances of drivers that were killed before they could stop theirs
 (:func:`reap_orphaned_ray`).
 
-Part of the driver (:mod:`qkgeom.tune`); what it shares with the rest of the driver
+Part of the driver (:mod:`qkgeom.sweeps.driver`); what it shares with the rest of the driver
 (the local instance's scratch directory and processes) lives in
-:data:`qkgeom.tune_callbacks.DRIVER`.
+:data:`qkgeom.sweeps.callbacks.DRIVER`.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
-from qkgeom.sweep import SweepError
-from qkgeom.tune_callbacks import DRIVER
+from qkgeom.plan.spec import SweepError
+from qkgeom.sweeps.callbacks import DRIVER
 
 if TYPE_CHECKING:
-    from qkgeom.tune import SweepOptions
+    from qkgeom.sweeps.driver import SweepOptions
 
 
 def init_ray(opts: SweepOptions) -> None:
@@ -147,7 +147,7 @@ def check_resources(opts: SweepOptions) -> None:
     Local Ray: against this machine's CPUs (``num_cpus``) and GPUs. A running cluster
     (``--address``) may grow through its autoscaler, so it is only warned about, after
     connecting (:func:`warn_unplaceable`); ``--cluster`` checks the cluster file's node
-    types (:func:`qkgeom.cluster.check_cluster_resources`).
+    types (:func:`qkgeom.sweeps.cluster.check_cluster_resources`).
     """
     if opts.max_concurrent is not None and opts.max_concurrent < 1:
         raise SweepError("--max-concurrent must be at least 1 (leave it out for no limit)")

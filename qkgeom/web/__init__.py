@@ -1,0 +1,1 @@
+"""The live page: the server, its HTML and the background refresh."""
