@@ -34,6 +34,7 @@ def test_doc_has_examples_and_documents_every_table_view_and_column():
 
 
 ARMS = ("none", "shrink")
+WIDTH = {0: 32, 1: 48}  # each seed's n_embd (a factor of v_factors)
 NAMES = list(METRICS)
 
 
@@ -57,8 +58,9 @@ def study(db_url):
         sid = store.ensure_sweep("study", {}, "v")
         for arm in ARMS:
             for seed in (0, 1):
-                tid = store.ensure_trial(sid, f"d2-{arm}-s{seed}", {}, depth=2,
-                                         init="gaussian", arm=arm, seed=seed)
+                tid = store.ensure_trial(sid, f"d2-{arm}-s{seed}", {"n_embd": WIDTH[seed],
+                                         "lr": 1e-3}, depth=2, init="gaussian", arm=arm,
+                                         seed=seed, cell=f"e{WIDTH[seed]}")
                 recs = [make_record(s, n_layer=2, n_head=2, max_steps=20) for s in (0, 10, 20)]
                 for r in recs:
                     r.metrics = [(la, h, n, v + off(arm, seed)) for la, h, n, v in r.metrics]
@@ -134,6 +136,10 @@ EXPECTED = {
         (f"d2-none-s{s}", n, PROVENANCE["code_version"], PROVENANCE["git_commit"], n > 1,
          "3.11.7", "2.13.0+cpu", "2.60.0", None, "h", "cpu")
         for s in (0, 1) for n in range(1, s + 2)],
+    "FROM v_factors": lambda: [  # terminated only: shrink seed 1 ended in error
+        (32, 1e-3, "none", 1, 2.5 + 0.01 * off("none", 0)),
+        (32, 1e-3, "shrink", 1, 2.5 + 0.01 * off("shrink", 0)),
+        (48, 1e-3, "none", 1, 2.5 + 0.01 * off("none", 1))],
     "FROM metric_definitions": lambda: [(m, i["unit"], i["per_head"], i["doc"])
                                         for m, i in sorted(METRIC_DEFINITIONS.items())],
 }

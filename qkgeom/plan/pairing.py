@@ -135,14 +135,14 @@ def record_plan(store: Store, sweep: str, plan: ArmPlan, arms: list[TrialSpec],
     by_key = {t.key: t for t in arms}
     for t in plan.run:
         tid = store.ensure_trial(sid, t.key, dict(t.config, threads=threads), depth=t.depth,
-                                 init=t.init, arm=t.arm, seed=t.seed,
+                                 init=t.init, arm=t.arm, seed=t.seed, cell=t.cell,
                                  reset=t.key in plan.stale)
         if t.key in plan.stale:
             store.set_trial_status(tid, "pending", error=plan.stale[t.key])
     for key, why in plan.waiting.items():
         t = by_key[key]
         tid = store.ensure_trial(sid, key, dict(t.config, threads=threads), depth=t.depth,
-                                 init=t.init, arm=t.arm, seed=t.seed)
+                                 init=t.init, arm=t.arm, seed=t.seed, cell=t.cell)
         store.set_trial_status(tid, "pending", error=why)
 
 

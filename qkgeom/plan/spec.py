@@ -25,8 +25,10 @@ must yield trials)::
       arm_overrides:               # optional per-arm TrialConfig overrides
         shrink: {shrink_to: 0.25}
     snapshots: all                 # weight snapshots kept: all | none | every:N (default all)
+    axes: {lr: [1.0e-3, 3.0e-3]}   # factors beyond the grid: see qkgeom.plan.cells
 
-Trial keys are deterministic: ``d{depth}-{init}-{arm}-s{seed}``, e.g. ``d4-gaussian-none-s0``.
+Trial keys are deterministic: ``d{depth}-{init}-{arm}-s{seed}``, e.g. ``d4-gaussian-none-s0``,
+prefixed by the cell label in a spec with ``axes`` or ``cells`` (``lr0.001.d4-gaussian-none-s0``).
 An arm whose config uses ``target_mode: baseline_fraction`` needs its paired baseline's
 PR trajectory (W_K weight PR; key-activation PR_K for the activation site); such trials are marked ``needs_baseline`` and run after the baselines.
 """
@@ -45,10 +47,11 @@ import yaml
 from qkgeom.config import ARMS, INITS, PRESETS, ConfigError, TrialConfig
 from qkgeom.config import check_keys as _config_check_keys
 from qkgeom.errors import QkgeomError
+from qkgeom.plan.cells import Cell, spec_cells
 
 # Set per trial by the spec itself; a trial-level override of these would be silently lost.
 GRID_KEYS = ("n_layer", "init", "arm", "seed")
-SPEC_KEYS = ["name", "trial", "grid", "interventions", "snapshots"]
+SPEC_KEYS = ["name", "trial", "axes", "cells", "grid", "interventions", "snapshots"]
 SNAPSHOT_POLICIES = "all | none | every:N"
 DEFAULT_SNAPSHOTS = "all"  # every preset: see docs/sweeps.md for the paper sweep's disk cost
 TRIAL_KEYS = ["preset", "overrides"]
@@ -132,11 +135,12 @@ class TrialSpec:
     seed: int
     baseline_key: str | None = None  # the paired arm-'none' trial (arms only)
     needs_baseline: bool = False  # config needs baseline_pr filled from baseline_key
+    cell: str | None = None  # the cell label in a spec with factors (qkgeom.plan.cells)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(key=self.key, config=self.config, depth=self.depth, init=self.init,
                     arm=self.arm, seed=self.seed, baseline_key=self.baseline_key,
-                    needs_baseline=self.needs_baseline)
+                    needs_baseline=self.needs_baseline, cell=self.cell)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrialSpec:
@@ -195,8 +199,9 @@ def _check_snapshots(policy: Any, trials: list[TrialSpec]) -> str:
     return policy.strip()
 
 
-def trial_key(depth: int, init: str, arm: str, seed: int) -> str:
-    return f"d{depth}-{init}-{arm}-s{seed}"
+def trial_key(depth: int, init: str, arm: str, seed: int, cell: str | None = None) -> str:
+    key = f"d{depth}-{init}-{arm}-s{seed}"
+    return f"{cell}.{key}" if cell else key
 
 
 # ---------------------------------------------------------------------- loading
@@ -340,9 +345,15 @@ def build_plan(spec: dict[str, Any], *, name: str | None = None, data: str | Non
     check_keys(spec, SPEC_KEYS, what="spec key")
     base_name, overrides = _trial_overrides(spec, data)
     base = TrialConfig(**PRESETS[base_name]).to_dict()
-    trials = _grid_trials(spec, base, overrides)
-    baselines, arm_trials = _intervention_trials(spec, base, overrides, set(trials))
-    trials.update((t.key, t) for t in baselines)
+    trials: dict[str, TrialSpec] = {}
+    arm_trials: list[TrialSpec] = []
+    for cell in _cells(spec, overrides):  # baselines of every cell first, then the arms
+        cell_over = {**overrides, **cell.factors}
+        grid = _grid_trials(spec, base, cell_over, cell.label)
+        baselines, arms = _intervention_trials(spec, base, cell_over, set(grid), cell.label)
+        trials.update(grid)
+        trials.update((t.key, t) for t in baselines)
+        arm_trials += arms
     if not trials and not arm_trials:
         raise SpecError("spec: no trials; give a 'grid' and/or an 'interventions' section")
 
@@ -355,6 +366,13 @@ def build_plan(spec: dict[str, Any], *, name: str | None = None, data: str | Non
     normalised = json.loads(json.dumps(spec))  # plain JSON types for the database
     normalised["name"] = sweep_name
     return SweepPlan(sweep_name, normalised, all_trials, snapshots=policy)
+
+
+def _cells(spec: dict[str, Any], overrides: dict[str, Any]) -> list[Cell]:
+    try:
+        return spec_cells(spec, overrides)
+    except ConfigError as e:
+        raise SpecError(str(e)) from None
 
 
 def _trial_overrides(spec: dict[str, Any], data: str | None) -> tuple[str, dict[str, Any]]:
@@ -385,7 +403,8 @@ def _trial_overrides(spec: dict[str, Any], data: str | None) -> tuple[str, dict[
 
 
 def _grid_trials(spec: dict[str, Any], base: dict[str, Any],
-                 overrides: dict[str, Any]) -> dict[str, TrialSpec]:
+                 overrides: dict[str, Any], cell: str | None = None
+                 ) -> dict[str, TrialSpec]:
     """The geometry grid: depths x inits x seeds, arm ``none``, keyed by trial key."""
     trials: dict[str, TrialSpec] = {}
     grid = _section(spec, "grid", GRID_SECTION_KEYS)
@@ -400,15 +419,16 @@ def _grid_trials(spec: dict[str, Any], base: dict[str, Any],
     for depth in depths:
         for init in inits:
             for seed in seeds:
-                key = trial_key(depth, init, "none", seed)
+                key = trial_key(depth, init, "none", seed, cell)
                 cfg = _config(base, overrides, f"grid trial {key}", n_layer=depth,
                               init=init, arm="none", seed=seed)
-                trials[key] = TrialSpec(key, cfg, depth, init, "none", seed)
+                trials[key] = TrialSpec(key, cfg, depth, init, "none", seed, cell=cell)
     return trials
 
 
 def _intervention_trials(spec: dict[str, Any], base: dict[str, Any],
-                         overrides: dict[str, Any], have: set[str]
+                         overrides: dict[str, Any], have: set[str],
+                         cell: str | None = None
                          ) -> tuple[list[TrialSpec], list[TrialSpec]]:
     """The intervention study: ``(baselines not in have, arm trials)``, each arm trial
     paired by seed with the arm-``none`` trial of its depth, init and seed."""
@@ -430,21 +450,21 @@ def _intervention_trials(spec: dict[str, Any], base: dict[str, Any],
     arm_over = _arm_overrides(inter)
     baselines, arm_trials = [], []
     for seed in seeds:
-        bkey = trial_key(depth, init, "none", seed)
+        bkey = trial_key(depth, init, "none", seed, cell)
         if bkey not in have:  # the shared baseline, added once
             cfg = _config(base, overrides, f"baseline trial {bkey}", n_layer=depth,
                           init=init, arm="none", seed=seed)
-            baselines.append(TrialSpec(bkey, cfg, depth, init, "none", seed))
+            baselines.append(TrialSpec(bkey, cfg, depth, init, "none", seed, cell=cell))
         for arm in arms:
             if arm == "none":
                 continue
-            key = trial_key(depth, init, arm, seed)
+            key = trial_key(depth, init, arm, seed, cell)
             cfg = _config(base, {**overrides, **arm_over.get(arm, {})},
                           f"intervention trial {key}", n_layer=depth, init=init, arm=arm,
                           seed=seed)
             needs = cfg["target_mode"] == "baseline_fraction"
             arm_trials.append(TrialSpec(key, cfg, depth, init, arm, seed,
-                                        baseline_key=bkey, needs_baseline=needs))
+                                        baseline_key=bkey, needs_baseline=needs, cell=cell))
     return baselines, arm_trials
 
 

@@ -117,6 +117,7 @@ class Trial(Base):
     baseline_ref: Mapped[dict | None] = mapped_column(JSONType)
     # last sign of life of a running trial's driver (qkgeom.store.lifecycle judges staleness)
     heartbeat_at: Mapped[datetime | None] = mapped_column(Stamp)
+    cell: Mapped[str | None] = mapped_column(String(200))  # qkgeom.plan.cells label
 
 
 class TrialAttempt(Base):
@@ -270,4 +271,5 @@ TABLES = [t.name for t in Base.metadata.sorted_tables]
 TRIAL_TABLES = [m.__table__ for m in (TrialAttempt, Probe, ProbeMetric, TrainStep, Checkpoint)]
 VIEWS = [
     "v_metrics", "v_layer_metrics", "v_head_means", "v_trajectories", "v_final", "v_pretrained",
+    "v_factors",
 ]

@@ -101,7 +101,7 @@ class Store(ResultWrites, Reads):
 
     def ensure_trial(self, sweep_id: int, trial_key: str, config: dict, *, depth: int,
                      init: str, arm: str, seed: int, status: str = "pending",
-                     reset: bool = False) -> int:
+                     reset: bool = False, cell: str | None = None) -> int:
         """The id of trial ``(sweep_id, trial_key)``, created with ``status`` if new.
 
         An existing trial gets the new config and promoted columns but keeps its status,
@@ -114,8 +114,9 @@ class Store(ResultWrites, Reads):
         ins = self._insert(t).values(
             sweep_id=sweep_id, trial_key=trial_key, config=config, depth=int(depth),
             init=init, arm=arm, seed=int(seed), status=status, attempts=0, created_at=now_utc(),
+            cell=cell,
         )
-        update = {c: ins.excluded[c] for c in ("config", "depth", "init", "arm", "seed")}
+        update = {c: ins.excluded[c] for c in ("config", "depth", "init", "arm", "seed", "cell")}
         if reset:
             update.update(status=ins.excluded.status, attempts=0, error=None, started_at=None,
                           ended_at=None, test_loss=None, baseline_ref=None)

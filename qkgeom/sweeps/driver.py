@@ -172,7 +172,7 @@ def prepare_db(plan: SweepPlan, db_url: str, *, resume: bool, threads: int,
         for t in plan.trials:
             cfg = dict(t.config, threads=threads)
             store.ensure_trial(sid, t.key, cfg, depth=t.depth, init=t.init, arm=t.arm,
-                               seed=t.seed, status="pending")
+                               seed=t.seed, status="pending", cell=t.cell)
         return sid, n_int, before if before not in (None, now) else None
 
 
