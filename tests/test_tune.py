@@ -347,6 +347,22 @@ def test_callbacks_pickled_under_earlier_names_still_load():
     back.on_experiment_end([])  # no store was opened: nothing to close, no error
 
 
+
+@pytest.mark.parametrize("module", ["qkgeom.sweeps.driver", "qkgeom.tune"])
+def test_what_tune_pickles_still_loads_from_the_driver_and_the_flat_path(module):
+    """The driver's split moved no pickled name: the callbacks, the trainable and the
+    trial name creators load from the driver's path and from 0.1.0's (qkgeom.compat)."""
+    import pickle
+
+    from qkgeom.sweeps import callbacks, trainable
+
+    for name, obj in [("DbWriter", callbacks.DbWriter), ("Progress", callbacks.ProgressReporter),
+                      ("ProgressReporter", callbacks.ProgressReporter),
+                      ("trainable", trainable.trainable),
+                      ("trial_dirname", trainable.trial_dirname),
+                      ("trial_name", trainable.trial_name)]:
+        assert pickle.loads(f"c{module}\n{name}\n.".encode()) is obj, name
+
 def test_progress_counts_a_trial_terminated_short_of_its_steps_as_stopped(monkeypatch):
     """Tune marks every trial TERMINATED when a fit ends early (a callback error, a graceful
     stop): the line must not then claim the unfinished ones are done."""
