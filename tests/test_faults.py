@@ -365,9 +365,9 @@ def test_cpus_per_trial_beyond_the_machine_is_refused_before_anything(tmp_path):
 
 
 def test_gpus_per_trial_beyond_the_machine_is_refused(tmp_path):
-    from qkgeom.sweeps.ray_session import _local_gpus
+    from qkgeom.sweeps.ray_session import local_gpus
 
-    want = _local_gpus() + 1
+    want = local_gpus() + 1
     out = _one_line(invoke("sweep", "--preset", "smoke", "--gpus-per-trial", str(want),
                            "--db", str(tmp_path / "r.db"), "--storage", str(tmp_path / "rs")))
     assert "--gpus-per-trial" in out

@@ -117,7 +117,7 @@ def _build_cache(hub: Path) -> dict[tuple[str, str], Path]:
 def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[tuple[str, str], Path]]:
     """The cache's snapshots, with ``HF_HUB_CACHE`` naming it and a local Ray instance
     (2 CPUs) started after that, so its workers find the models offline."""
-    from qkgeom.sweeps import driver as tune
+    from qkgeom.sweeps.ray_session import init_ray, shutdown
 
     root = tmp_path_factory.mktemp("hf")
     snaps = _build_cache(root / "hub")
@@ -125,11 +125,11 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[tuple[str, st
         mp.setenv("HF_HUB_CACHE", str(root / "hub"))
         mp.setenv("HF_HUB_OFFLINE", "1")
         mp.delenv(FAULT_ENV, raising=False)
-        tune.init_ray(tune.SweepOptions(num_cpus=2))
+        init_ray(num_cpus=2)
         try:
             yield snaps
         finally:
-            tune.shutdown()
+            shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,7 @@ def observe_db_state(monkeypatch, db: str, sweep: str) -> dict[str, list]:
     """Record, from Tune's own callbacks, what the database says about a trial the moment
     Tune recovers it (a retry is due) or gives up on it. Tune calls the callbacks in order,
     so DbWriter has written its update when this observer (in ProgressReporter's place) reads."""
-    import qkgeom.sweeps.driver as T
+    import qkgeom.sweeps.experiment as T
     from qkgeom.store import open_store
 
     seen: dict[str, list] = {"recover": [], "error": []}
@@ -347,19 +347,36 @@ def test_callbacks_pickled_under_earlier_names_still_load():
     back.on_experiment_end([])  # no store was opened: nothing to close, no error
 
 
+
+@pytest.mark.parametrize("module", ["qkgeom.sweeps.driver", "qkgeom.tune"])
+def test_what_tune_pickles_still_loads_from_the_driver_and_the_flat_path(module):
+    """The driver's split moved no pickled name: the callbacks, the trainable and the
+    trial name creators load from the driver's path and from 0.1.0's (qkgeom.compat)."""
+    import pickle
+
+    from qkgeom.sweeps import callbacks, trainable
+
+    for name, obj in [("DbWriter", callbacks.DbWriter), ("Progress", callbacks.ProgressReporter),
+                      ("ProgressReporter", callbacks.ProgressReporter),
+                      ("trainable", trainable.trainable),
+                      ("trial_dirname", trainable.trial_dirname),
+                      ("trial_name", trainable.trial_name)]:
+        assert pickle.loads(f"c{module}\n{name}\n.".encode()) is obj, name
+
 def test_progress_counts_a_trial_terminated_short_of_its_steps_as_stopped(monkeypatch):
     """Tune marks every trial TERMINATED when a fit ends early (a callback error, a graceful
     stop): the line must not then claim the unfinished ones are done."""
     from types import SimpleNamespace
 
     from qkgeom.sweeps import callbacks as C
+    from qkgeom.sweeps.state import DriverState
 
     def trial(key, status, step):
         return SimpleNamespace(config={"trial": {"key": key, "config": {"max_steps": 100}}},
                                status=status, last_result={"step": step} if step else {})
 
-    monkeypatch.setattr(C, "DRIVER", {"plan_steps": {"a": 100, "b": 100, "c": 100, "d": 100},
-                                      "finished_before": frozenset({"d"})})
+    monkeypatch.setattr(C, "DRIVER_STATE", DriverState(
+        plan_steps={"a": 100, "b": 100, "c": 100, "d": 100}, finished_before=frozenset({"d"})))
     trials = [trial("a", "TERMINATED", 100), trial("b", "TERMINATED", 40),
               trial("c", "TERMINATED", 0)]
     state, text = C.ProgressReporter().line(trials)
@@ -379,11 +396,13 @@ def test_shutdown_stops_its_ray_and_leaves_other_children_alone():
 
     import psutil
 
-    from qkgeom.sweeps.driver import DRIVER, SweepOptions, init_ray, shutdown
+    from qkgeom.sweeps.ray_session import LOCAL_RAY, init_ray, shutdown
 
-    init_ray(SweepOptions(db_url="sqlite://", num_cpus=1, quiet=True))
+    init_ray(num_cpus=1)
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
+        tmp = LOCAL_RAY.tmp
+        assert tmp and os.path.isdir(tmp) and LOCAL_RAY.pids
         ray_procs = [c for c in psutil.Process().children(recursive=True)
                      if c.pid != other.pid and "ray" in " ".join(c.cmdline())]
         names = " ".join(" ".join(c.cmdline()) for c in ray_procs)
@@ -391,8 +410,84 @@ def test_shutdown_stops_its_ray_and_leaves_other_children_alone():
         shutdown()
         assert other.poll() is None  # still running
         assert not [c for c in ray_procs if c.is_running() and c.status() != "zombie"]
-        assert "ray_pids" not in DRIVER and "ray_tmp" not in DRIVER
+        assert LOCAL_RAY.pids == [] and LOCAL_RAY.tmp is None and not os.path.exists(tmp)
     finally:
         other.kill()
         other.wait()
         shutdown()
+
+
+def test_driver_state_resets_to_its_defaults_and_is_never_pickled():
+    import pickle
+
+    from qkgeom.store.lifecycle import HEARTBEAT_S
+    from qkgeom.sweeps.state import DriverState
+
+    state = DriverState()
+    state.db_url, state.interrupted, state.in_fit = "sqlite:///x.db", "SIGTERM", True
+    state.finished, state.callback_error = frozenset({"a"}), "stale"
+    state.reset(heartbeat_s=2.0, plan_steps={"b": 5})
+    assert state == DriverState(heartbeat_s=2.0, plan_steps={"b": 5})
+    assert (state.db_url, state.interrupted, state.in_fit, state.finished,
+            state.callback_error, state.say) == (None, None, False, frozenset(), None, print)
+    state.reset()
+    assert state.heartbeat_s == HEARTBEAT_S and state.plan_steps == {}
+    with pytest.raises(TypeError, match="driver process only"):
+        pickle.dumps(state)
+    with pytest.raises(TypeError):  # a field name the state does not have
+        state.reset(db_uri="sqlite://")
+
+
+def _leave_stale_state(keys: list[str]) -> None:
+    """The shared state as a first sweep in this process leaves it when a signal stopped
+    it in the middle of a fit that a callback error was also ending."""
+    from qkgeom.sweeps.state import DRIVER_STATE
+
+    DRIVER_STATE.db_url = "sqlite:////nowhere/first.db"
+    DRIVER_STATE.interrupted, DRIVER_STATE.in_fit, DRIVER_STATE.forwarded = "SIGTERM", True, True
+    DRIVER_STATE.finished = DRIVER_STATE.finished_before = frozenset(keys)
+    DRIVER_STATE.callback_error = "the first sweep's error"
+    DRIVER_STATE.plan_steps, DRIVER_STATE.sweep_t0 = {"first-trial": 7}, 0.0
+
+
+def test_a_refused_sweep_still_starts_from_a_clean_state(tmp_path):
+    from qkgeom.plan.spec import plan_from
+    from qkgeom.sweeps.driver import SweepError, SweepOptions, interrupted_by, run_sweep
+    from qkgeom.sweeps.state import DRIVER_STATE, DriverState
+
+    plan = plan_from("smoke", None, name="clean", data=None, sets=())
+    _leave_stale_state([t.key for t in plan.trials])
+    with pytest.raises(SweepError, match="PostgreSQL"):  # refused before anything starts
+        run_sweep(plan, SweepOptions(db_url=f"sqlite:///{tmp_path}/x.db", direct_writes=True,
+                                     heartbeat_s=3.0))
+    steps = {t.key: int(t.config["max_steps"]) for t in plan.trials}
+    assert DRIVER_STATE == DriverState(say=DRIVER_STATE.say, heartbeat_s=3.0,
+                                       plan_steps=steps)
+    assert interrupted_by() is None and not (tmp_path / "x.db").exists()
+
+
+def test_a_second_sweep_in_the_same_process_is_not_stopped_by_the_first(scratch,  # noqa: F811
+                                                                         wikitext_dir):
+    """A first sweep stopped by SIGTERM leaves its signal, its finished keys and its
+    callback error in the driver's state; a second ``run_sweep`` in the same process
+    (a notebook, a test session) runs all of its trials and reports no interruption."""
+    from qkgeom.plan.spec import build_plan
+    from qkgeom.sweeps.driver import SweepOptions, interrupted_by, run_sweep, shutdown
+
+    spec = {"name": "second", "trial": {"preset": "smoke", "overrides": {"max_steps": 20}},
+            "grid": {"depths": [1], "inits": ["gaussian"], "seeds": [0]}}
+    plan = build_plan(spec, data=str(wikitext_dir))
+    keys = [t.key for t in plan.trials]
+    assert keys == ["d1-gaussian-none-s0"]
+    _leave_stale_state(keys)
+    db = f"sqlite:///{scratch}/second.db"
+    try:
+        summary = run_sweep(plan, SweepOptions(db_url=db, storage=str(scratch / "ray"),
+                                               quiet=True, num_cpus=1,
+                                               ray_temp_dir=str(scratch / "r")))
+    finally:
+        shutdown()
+    assert summary["interrupted"] is None and interrupted_by() is None
+    assert summary["errors"] == 0 and summary["trials"] == {keys[0]: "terminated"}
+    assert_sweep_complete(db, "second", plan)
+    assert assert_matches_reference(db, "second") == 1

@@ -14,8 +14,8 @@ Test only (like training's ``fail_at_step``): ``$QKGEOM_TEST_FAIL_REVISION`` set
 ``LABEL[:N],...`` makes revision LABEL's task raise :class:`qkgeom.engine.train.InjectedFailure` on
 its first N attempts (default 1), a real failed Ray task that exercises ``--retries``.
 
-Ray is started and stopped through :mod:`qkgeom.sweeps.driver`'s helpers (the same ones
-``qkgeom sweep`` uses).
+Ray is started and stopped by :mod:`qkgeom.sweeps.ray_session` (as for ``qkgeom sweep``:
+the same local instance set-up, clean-up and orphan reaper).
 """
 
 from __future__ import annotations
@@ -121,15 +121,13 @@ def run_on_ray(name: str, jobs: list[RevisionJob], text: str, text_path: str | P
     """
     import ray
 
-    from qkgeom.sweeps import driver as tune
+    from qkgeom.sweeps.ray_session import ray_running
 
     say = note or (lambda _m: None)
     if opts.gpus_per_revision < 0 or opts.cpus_per_revision <= 0:
         raise PretrainedError("--gpus-per-revision must be >= 0 and --cpus-per-revision > 0")
     faults = injected_faults(os.environ.get(FAULT_ENV))
-    started_here = not ray.is_initialized()
-    tune.init_ray(tune.SweepOptions(address=opts.address, num_cpus=opts.num_cpus))
-    try:
+    with ray_running(opts.address, num_cpus=opts.num_cpus):
         res = _cluster_resources(opts)
         task = ray.remote(_measure_task).options(
             num_cpus=opts.cpus_per_revision, num_gpus=opts.gpus_per_revision,
@@ -173,9 +171,6 @@ def run_on_ray(name: str, jobs: list[RevisionJob], text: str, text_path: str | P
             say(f"  [{len(out) + len(failed)}/{n}] {job.label}: {meta['tokens']:,} tokens in "
                 f"{wall:,.1f} s on {meta.get('host', '?')}; stored as run {rid} "
                 f"({time.perf_counter() - t0:,.0f} s elapsed)")
-    finally:
-        if started_here:
-            tune.shutdown()
     if failed:
         raise PretrainedError(
             f"{len(failed)} of {n} revision(s) failed ("

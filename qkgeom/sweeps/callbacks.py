@@ -12,8 +12,9 @@ SIGINT/SIGTERM in the driver are forwarded into Tune's graceful stop
 
 Tune pickles the whole ``RunConfig`` (callbacks included) into the experiment state and
 brings the callbacks back from that pickle on restore, so callbacks hold no engine and no
-database URL (it may carry a password): what the driver shares with them lives in
-:data:`DRIVER`, filled by :func:`qkgeom.sweeps.driver.run_sweep` in the driver process.
+database URL (it may carry a password): what the driver shares with them is
+:data:`qkgeom.sweeps.state.DRIVER_STATE`, which they read through its module and never
+keep (it lives in the driver process only).
 """
 
 from __future__ import annotations
@@ -31,18 +32,13 @@ from ray.tune import Callback
 
 from qkgeom.errors import QkgeomError
 from qkgeom.plan.spec import SweepError
-from qkgeom.store.lifecycle import HEARTBEAT_S, duration_text
+from qkgeom.store.lifecycle import duration_text
+from qkgeom.sweeps.state import DRIVER_STATE
 from qkgeom.sweeps.trainable import storage_location, trial_name
 
 if TYPE_CHECKING:
     from qkgeom.store import Store
     from qkgeom.store.lifecycle import TrialLifecycle
-
-# Driver-process state that must never be pickled into the experiment (see module doc):
-# db_url, storage, say, plan_steps, finished, finished_before, interrupted, in_fit,
-# heartbeat_s, ...
-DRIVER: dict[str, Any] = {}
-
 
 def _error_text(trial: Any) -> str:
     path = getattr(trial, "error_file", None)
@@ -60,13 +56,15 @@ def _error_text(trial: Any) -> str:
 def _recording(fn: Any) -> Any:
     """A qkgeom error in a callback (a database that fails, a trial row that is missing)
     ends Tune's whole fit with a TuneError around a traceback's text: keep the error's own
-    message in :data:`DRIVER` for :func:`qkgeom.sweeps.driver.run_sweep` to report in one line."""
+    message in the driver's state for :func:`qkgeom.sweeps.driver.run_sweep` to report in
+    one line."""
     @functools.wraps(fn)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return fn(self, *args, **kwargs)
         except QkgeomError as e:
-            DRIVER.setdefault("callback_error", str(e))
+            if DRIVER_STATE.callback_error is None:
+                DRIVER_STATE.callback_error = str(e)
             raise
     return wrapper
 
@@ -111,9 +109,9 @@ class DbWriter(Callback):
         if self._store is None:
             from qkgeom.store import open_store
 
-            if "db_url" not in DRIVER:
+            if DRIVER_STATE.db_url is None:
                 raise SweepError("internal: the sweep driver has no database URL")
-            self._store = open_store(DRIVER["db_url"])
+            self._store = open_store(DRIVER_STATE.db_url)
         return self._store
 
     @property
@@ -141,7 +139,7 @@ class DbWriter(Callback):
 
     @staticmethod
     def _finished(trial: Any) -> bool:
-        return trial.config["trial"]["key"] in DRIVER.get("finished", ())
+        return trial.config["trial"]["key"] in DRIVER_STATE.finished
 
     @_recording
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
@@ -177,7 +175,7 @@ class DbWriter(Callback):
     def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:
         # between results too (a long probe interval): every heartbeat_s at most
         now = time.monotonic()
-        if now - self._beat >= DRIVER.get("heartbeat_s", HEARTBEAT_S):
+        if now - self._beat >= DRIVER_STATE.heartbeat_s:
             self._beat = now
             self.lifecycle.alive(self.sweep_id)
 
@@ -188,7 +186,7 @@ class DbWriter(Callback):
         storage = getattr(trial, "storage", None)
         loc = storage_location(checkpoint.filesystem, str(checkpoint.path),
                                getattr(storage, "storage_fs_path", None),
-                               DRIVER.get("storage"))
+                               DRIVER_STATE.storage)
         tid = self._tid(trial)
         if step is not None:
             self.store.add_checkpoint(tid, int(step), loc, kind="resume")
@@ -237,7 +235,7 @@ class DbWriter(Callback):
         if self._finished(trial):
             return
         last = trial.last_result or {}
-        if DRIVER.get("interrupted") and last.get("step") != last.get("max_steps"):
+        if DRIVER_STATE.interrupted and last.get("step") != last.get("max_steps"):
             return  # stopped by a signal, not finished: run_sweep records it as interrupted
         self.lifecycle.finished(self._tid(trial))
 
@@ -275,15 +273,15 @@ class ProgressReporter(Callback):
         return d
 
     def line(self, trials: list) -> tuple[str, str]:
-        """Counts over the whole plan (``DRIVER["plan_steps"]``: key -> max_steps), so the
+        """Counts over the whole plan (``DRIVER_STATE.plan_steps``: key -> max_steps), so the
         total is the same from the first line on: trials Tune has not created yet are
         pending, trials the database already holds as finished are done. A trial Tune
         calls TERMINATED short of its max_steps (a graceful stop, or a fit that an error
         ended) is counted as stopped, never as done."""
         counts = {"done": 0, "running": 0, "failed": 0, "pending": 0, "stopped": 0}
         steps = total = 0
-        plan: dict[str, int] = dict(DRIVER.get("plan_steps") or {})
-        finished = set(DRIVER.get("finished_before") or ()) | set(DRIVER.get("finished", ()))
+        plan = dict(DRIVER_STATE.plan_steps)
+        finished = set(DRIVER_STATE.finished_before) | set(DRIVER_STATE.finished)
         seen = set()
         for t in trials:
             key = t.config["trial"]["key"]
@@ -324,7 +322,7 @@ class ProgressReporter(Callback):
                  f"{counts['failed']} failed, {counts['pending']} pending")
         if counts["stopped"]:
             state += f", {counts['stopped']} stopped"
-        since = DRIVER.get("sweep_t0", self._t0)
+        since = self._t0 if DRIVER_STATE.sweep_t0 is None else DRIVER_STATE.sweep_t0
         text = (f"[{duration_text(now - since):>6}] {state} | steps {steps}/{total} "
                 f"({100 * steps / max(total, 1):.0f}%) | ETA {duration_text(eta)}")
         return state, text
@@ -339,7 +337,7 @@ class ProgressReporter(Callback):
             self._last_line, self._last_t = state, now
 
     def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:
-        if DRIVER.get("interrupted"):
+        if DRIVER_STATE.interrupted:
             forward_stop()  # a signal that came before Tune's own handler was installed
 
     def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
@@ -355,7 +353,7 @@ class ProgressReporter(Callback):
         print(f"  {trial_name(trial)}: failed ({last}); no retries left", flush=True)
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
-        if DRIVER.get("interrupted"):
+        if DRIVER_STATE.interrupted:
             return  # Tune's view of stopped trials is not the record; the CLI prints that
         self._maybe_print(trials, force=True)
 
@@ -370,10 +368,11 @@ def _on_signal(signum: int, frame: Any) -> None:
     that were running as ``interrupted``. A second signal, or one outside ``fit``, raises
     KeyboardInterrupt at once.
     """
-    if DRIVER.get("interrupted") or not DRIVER.get("in_fit"):
-        DRIVER.setdefault("interrupted", signal.Signals(signum).name)
+    name = signal.Signals(signum).name
+    if DRIVER_STATE.interrupted or not DRIVER_STATE.in_fit:
+        DRIVER_STATE.interrupted = DRIVER_STATE.interrupted or name
         raise KeyboardInterrupt
-    DRIVER["interrupted"] = signal.Signals(signum).name
+    DRIVER_STATE.interrupted = name
     forward_stop(final=False)
 
 
@@ -384,8 +383,8 @@ def forward_stop(final: bool = True) -> None:
     signal came before this one's setup), so it is called again from Tune's loop
     (``ProgressReporter.on_step_begin``, ``final=True``) once, where it is this ``fit``'s."""
     h = signal.getsignal(signal.SIGUSR1)
-    if callable(h) and h is not _on_signal and not DRIVER.get("forwarded"):
-        DRIVER["forwarded"] = final
+    if callable(h) and h is not _on_signal and not DRIVER_STATE.forwarded:
+        DRIVER_STATE.forwarded = final
         h(signal.SIGUSR1, None)
 
 

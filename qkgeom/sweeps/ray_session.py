@@ -1,11 +1,13 @@
-"""The Ray instance a sweep runs on: starting a local one (or joining a cluster),
-checking that trials fit it, stopping it with every process it started, and reaping the
-instances of drivers that were killed before they could stop theirs
+"""The local Ray instance, or a running cluster joined: starting it, stopping it with
+every process it started, and reaping the instances of killed drivers
 (:func:`reap_orphaned_ray`).
 
-Part of the driver (:mod:`qkgeom.sweeps.driver`); what it shares with the rest of the driver
-(the local instance's scratch directory and processes) lives in
-:data:`qkgeom.sweeps.callbacks.DRIVER`.
+The one place Ray is started and stopped: the sweep driver (:mod:`qkgeom.sweeps.driver`)
+and the pretrained probes over Ray (:mod:`qkgeom.pretrained.ray_probe`) both go through
+:func:`init_ray` and :func:`shutdown` (or :func:`ray_running`, which starts Ray only if
+it is not running yet and then stops only what it started). What a local instance this
+process started needs for its clean-up is in :data:`LOCAL_RAY`; it is not a sweep's
+state (an instance may serve several sweeps, or none).
 """
 
 from __future__ import annotations
@@ -14,19 +16,37 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ray
 
-from qkgeom.plan.spec import SweepError
-from qkgeom.sweeps.callbacks import DRIVER
 
-if TYPE_CHECKING:
-    from qkgeom.sweeps.driver import SweepOptions
+@dataclass
+class LocalRay:
+    """The local Ray instance this process started, for :func:`shutdown`."""
+
+    tmp: str | None = None  # its temp dir when we made it (removed again), else None
+    # its own processes (GCS, raylet, ...; the workers are the raylet's children)
+    pids: list[int] = field(default_factory=list)
 
 
-def init_ray(opts: SweepOptions) -> None:
+LOCAL_RAY = LocalRay()
+
+
+def init_ray(address: str | None = None, *, num_cpus: int | None = None,
+             temp_dir: str | None = None, env: dict[str, str] | None = None,
+             say: Callable[[str], Any] = print) -> None:
+    """Start a local Ray instance (``address`` None) or join the cluster at ``address``
+    ("auto" on a head node); nothing when Ray is already initialised in this process.
+
+    ``num_cpus``: the local instance's CPUs (default: all cores); ``temp_dir``: its temp
+    dir (default: a fresh ``/tmp/qkray-*``, removed by :func:`shutdown`); ``env``:
+    environment variables of the workers; ``say``: where the orphan reaper reports.
+    """
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # no TB/CSV/JSON spam
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "2")  # resume loses little after a kill
@@ -36,25 +56,37 @@ def init_ray(opts: SweepOptions) -> None:
     # Tune logs every trial failure with a full traceback; ProgressReporter prints one line
     # instead and the database keeps the error text
     logging.getLogger("ray.tune").setLevel(logging.CRITICAL)
-    env = dict(opts.extra_env)
     if ray.is_initialized():
         return
     kwargs: dict[str, Any] = dict(logging_level=logging.ERROR, log_to_driver=False,
                                   include_dashboard=False, configure_logging=True)
     if env:
-        kwargs["runtime_env"] = {"env_vars": env}
-    if opts.address:
-        ray.init(address=opts.address, **kwargs)
-    else:
-        reap_orphaned_ray(DRIVER.get("say", print))
-        tmp = opts.ray_temp_dir
-        if tmp is None:  # ours: removed again by shutdown()
-            tmp = DRIVER["ray_tmp"] = tempfile.mkdtemp(prefix="qkray-", dir="/tmp")
-        before = _child_pids()
-        ray.init(num_cpus=opts.num_cpus or os.cpu_count() or 1, _temp_dir=tmp, **kwargs)
-        # the local instance's own processes (GCS, raylet, ...; workers are the raylet's
-        # children): shutdown() waits for these, never for other children of this process
-        DRIVER["ray_pids"] = sorted(_child_pids() - before)
+        kwargs["runtime_env"] = {"env_vars": dict(env)}
+    if address:
+        ray.init(address=address, **kwargs)
+        return
+    reap_orphaned_ray(say)
+    tmp = temp_dir
+    if tmp is None:  # ours: removed again by shutdown()
+        tmp = LOCAL_RAY.tmp = tempfile.mkdtemp(prefix="qkray-", dir="/tmp")
+    before = _child_pids()
+    ray.init(num_cpus=num_cpus or os.cpu_count() or 1, _temp_dir=tmp, **kwargs)
+    # shutdown() waits for these, never for other children of this process
+    LOCAL_RAY.pids = sorted(_child_pids() - before)
+
+
+@contextmanager
+def ray_running(address: str | None = None, *, num_cpus: int | None = None,
+                say: Callable[[str], Any] = print) -> Iterator[None]:
+    """Ray for the block: started (or joined) as :func:`init_ray` does, and stopped again
+    at its end only when the block started it (a caller's running Ray stays up)."""
+    started_here = not ray.is_initialized()
+    init_ray(address, num_cpus=num_cpus, say=say)
+    try:
+        yield
+    finally:
+        if started_here:
+            shutdown()
 
 
 RAY_TMP_GLOB = "qkray-*"  # the local instances' temp dirs, under /tmp
@@ -132,38 +164,14 @@ def _child_pids() -> set[int]:
     return {c.pid for c in psutil.Process().children()}
 
 
-def _local_gpus() -> int:
+def local_gpus() -> int:
+    """This machine's GPUs as torch sees them (0 without CUDA or torch)."""
     try:
         import torch
 
         return int(torch.cuda.device_count())
     except Exception:
         return 0
-
-
-def check_resources(opts: SweepOptions) -> None:
-    """Refuse a sweep whose trials can never be placed (they would wait forever).
-
-    Local Ray: against this machine's CPUs (``num_cpus``) and GPUs. A running cluster
-    (``--address``) may grow through its autoscaler, so it is only warned about, after
-    connecting (:func:`warn_unplaceable`); ``--cluster`` checks the cluster file's node
-    types (:func:`qkgeom.sweeps.cluster.check_cluster_resources`).
-    """
-    if opts.max_concurrent is not None and opts.max_concurrent < 1:
-        raise SweepError("--max-concurrent must be at least 1 (leave it out for no limit)")
-    if opts.address is not None:
-        return
-    cpus = opts.num_cpus or os.cpu_count() or 1
-    if opts.cpus_per_trial > cpus:
-        raise SweepError(f"--cpus-per-trial {opts.cpus_per_trial:g} is more than this "
-                         f"machine's {cpus} CPUs: no trial could ever start; use at most {cpus}")
-    gpus = opts.gpus_per_trial or 0.0
-    if gpus > 0:
-        have = _local_gpus()
-        if gpus > have:
-            raise SweepError(f"--gpus-per-trial {gpus:g} is more than this machine's {have} "
-                             f"GPU(s): no trial could ever start; use at most {have}"
-                             + (" (or drop it: CPU trials)" if have == 0 else ""))
 
 
 def warn_unplaceable(cpus: float, gpus: float, say: Any) -> None:
@@ -174,10 +182,9 @@ def warn_unplaceable(cpus: float, gpus: float, say: Any) -> None:
             "trial now; trials stay pending until the autoscaler adds such a node")
 
 
-def gpus_per_trial(opts: SweepOptions) -> float:
-    if opts.gpus_per_trial is not None:
-        return float(opts.gpus_per_trial)
-    return 0.25 if ray.cluster_resources().get("GPU", 0) > 0 else 0.0
+def cluster_gpus() -> float:
+    """The GPUs of the Ray instance this process is connected to."""
+    return float(ray.cluster_resources().get("GPU", 0))
 
 
 def shutdown() -> None:
@@ -189,7 +196,8 @@ def shutdown() -> None:
     """
     import psutil
 
-    pids, procs = DRIVER.pop("ray_pids", None) or [], []
+    pids, procs = LOCAL_RAY.pids, []
+    LOCAL_RAY.pids = []
     for pid in pids if ray.is_initialized() else []:
         try:
             p = psutil.Process(pid)
@@ -200,6 +208,6 @@ def shutdown() -> None:
     if ray.is_initialized():
         ray.shutdown()
     _wait_then_kill(procs, 15)
-    tmp = DRIVER.pop("ray_tmp", None)
+    tmp, LOCAL_RAY.tmp = LOCAL_RAY.tmp, None
     if tmp:
         shutil.rmtree(tmp, ignore_errors=True)
