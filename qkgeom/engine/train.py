@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from qkgeom.atomic import atomic_path
 from qkgeom.config import TrialConfig
 from qkgeom.engine.data import Corpus, Sampler, fixed_starts, load_corpus, unigram_entropy, windows
 from qkgeom.engine.intervention import KeySpectrumControl
@@ -170,9 +171,8 @@ class Trial:
             "loss_acc": self.loss_acc.state(),
             "probe_loss_acc": self.probe_loss_acc.state(),
         }
-        tmp = d / (STATE_FILE + ".tmp")
-        torch.save(state, tmp)
-        tmp.replace(d / STATE_FILE)  # atomic: a crash never leaves half a checkpoint
+        with atomic_path(d / STATE_FILE) as tmp:  # a crash never leaves half a checkpoint
+            torch.save(state, tmp)
         return str(d)
 
     def save_weights(self, directory: str | Path) -> str:
@@ -192,9 +192,8 @@ class Trial:
             "step": self.step,
             "tokens": self.tokens,
         }
-        tmp = d / (STATE_FILE + ".tmp")
-        torch.save(state, tmp)
-        tmp.replace(d / STATE_FILE)
+        with atomic_path(d / STATE_FILE) as tmp:
+            torch.save(state, tmp)
         return str(d)
 
     def load(self, directory: str | Path) -> None:
