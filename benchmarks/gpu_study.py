@@ -6,7 +6,7 @@ Usage:  python benchmarks/gpu_study.py [--ns 1,2,4,8,16] [--window 15] [--data D
                                        # the harness itself, on CPU (no GPU figures)
 
 For each N, N copies of the `paper` preset's trial (depth 6, arm none, qkgeom's own
-``Trial.train_step``: bf16 autocast, fused AdamW) train at once on one GPU:
+``TrainingRun.train_step``: bf16 autocast, fused AdamW) train at once on one GPU:
 
 * ``ray``: N Ray actors with ``num_gpus=1/N`` (Ray's fractional GPUs, as
   ``qkgeom sweep --gpus-per-trial 1/N`` places trials);
@@ -51,11 +51,11 @@ class TrialRunner:
                  warmup: int) -> None:
         import torch
 
-        from qkgeom.engine.train import Trial
+        from qkgeom.engine.train import TrainingRun
 
         self.torch = torch
         self.cfg = _config(preset_name, device, data, compile_)
-        self.trial = Trial(self.cfg)
+        self.trial = TrainingRun(self.cfg)
         self.cuda = self.trial.device.type == "cuda"
         for _ in range(warmup):
             self.trial.train_step()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 def main() -> None:
     from qkgeom.config import preset
-    from qkgeom.engine.train import STATE_FILE, Trial
+    from qkgeom.engine.train import STATE_FILE, TrainingRun
     from qkgeom.plan.spec import plan_from
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -36,7 +36,7 @@ def main() -> None:
             over = {"n_layer": depth, "device": "cpu"}
             if a.data:
                 over["dataset"] = a.data
-            tr = Trial(preset(trial_preset).with_overrides(over))
+            tr = TrainingRun(preset(trial_preset).with_overrides(over))
             tr.train_step()
             snap = Path(tr.save_weights(Path(d) / f"s{depth}")) / STATE_FILE
             ckpt = Path(tr.save(Path(d) / f"c{depth}")) / STATE_FILE

@@ -32,7 +32,7 @@ import torch
 from qkgeom.config import preset
 from qkgeom.engine.data import Sampler, default_source, load_corpus
 from qkgeom.engine.model import GPT
-from qkgeom.engine.train import Trial, make_optimizer, training
+from qkgeom.engine.train import TrainingRun, make_optimizer, training
 
 
 def bare_steps(cfg, corpus) -> Iterator[None]:
@@ -86,7 +86,7 @@ def interleaved(variants: dict[str, Callable[[], Iterator]], steps: int, chunk: 
 
 
 def probe_cost_in_steps(cfg, corpus, n: int = 5) -> float:
-    tr = Trial(cfg, corpus)
+    tr = TrainingRun(cfg, corpus)
     t0 = time.perf_counter()
     for _ in range(20):
         tr.train_step()

@@ -35,10 +35,10 @@ def test_loss_sum_matches_a_python_float_sum():
 
 def test_train_history_is_the_mean_of_the_step_losses(tiny_cfg, corpus):
     """StepRecord.train_loss = mean of the losses train_step returned since the last one."""
-    from qkgeom.engine.train import Trial
+    from qkgeom.engine.train import TrainingRun
 
     cfg = _cfg(tiny_cfg, max_steps=12, log_every=4)
-    tr = Trial(cfg, corpus)
+    tr = TrainingRun(cfg, corpus)
     losses = [float(tr.train_step()) for _ in range(4)]
     s, n = tr.loss_acc.take()
     assert n == 4 and s / n == pytest.approx(sum(losses) / 4, rel=0, abs=1e-12)
@@ -47,9 +47,9 @@ def test_train_history_is_the_mean_of_the_step_losses(tiny_cfg, corpus):
 def test_probe_rows_match_the_float_metrics(tiny_cfg, corpus):
     """The one-transfer probe gives what the float metric functions give, row by row."""
     from qkgeom.engine import metrics as M
-    from qkgeom.engine.train import Trial
+    from qkgeom.engine.train import TrainingRun
 
-    tr = Trial(_cfg(tiny_cfg, max_steps=5), corpus)
+    tr = TrainingRun(_cfg(tiny_cfg, max_steps=5), corpus)
     for _ in range(3):
         tr.train_step()
     rows = {(li, h, n): v for li, h, n, v in tr.probe(math.nan, 0.0).metrics}
@@ -82,11 +82,11 @@ def test_optimizer_is_fused_only_on_cuda(tiny_cfg, corpus):
 @pytest.mark.slow
 def test_compile_flag_trains_like_eager(tiny_cfg, corpus):
     """``compile=True`` (torch.compile) gives the eager losses to float tolerance."""
-    from qkgeom.engine.train import Trial
+    from qkgeom.engine.train import TrainingRun
 
     out = {}
     for flag in (False, True):
-        tr = Trial(_cfg(tiny_cfg, max_steps=4, compile=flag), corpus)
+        tr = TrainingRun(_cfg(tiny_cfg, max_steps=4, compile=flag), corpus)
         out[flag] = [float(tr.train_step()) for _ in range(3)]
     assert out[True] == pytest.approx(out[False], rel=1e-4)
 
@@ -106,9 +106,9 @@ def _syncs(fn) -> int:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_steps_do_not_wait_for_the_device(tiny_cfg, corpus):
-    from qkgeom.engine.train import Trial
+    from qkgeom.engine.train import TrainingRun
 
-    tr = Trial(_cfg(tiny_cfg, device="cuda", max_steps=50), corpus)
+    tr = TrainingRun(_cfg(tiny_cfg, device="cuda", max_steps=50), corpus)
     tr.train_step()  # warm-up (allocations, autotuning)
     assert _syncs(lambda: [tr.train_step() for _ in range(10)]) == 0
     n_layer = tr.model.cfg.n_layer

@@ -343,7 +343,7 @@ def test_callbacks_pickled_under_earlier_names_still_load():
     back.__setstate__({"sweep": "s", "direct_writes": False, "keep_last": 2,
                        "keep_recent_s": 60.0, "_store": None, "_ids": {"k": 1},
                        "_seen": {"x"}, "_ckpts": {}})
-    assert back.keep_last == 2 and vars(back)["_ids"] == {} and vars(back)["_lifecycle"] is None
+    assert back.keep_last == 2 and vars(back)["_ids"] == {} and vars(back)["_recorder"] is None
     back.on_experiment_end([])  # no store was opened: nothing to close, no error
 
 

@@ -94,7 +94,7 @@ def train(preset_name, data, sets, out, db, sweep_name, checkpoints, resume_dir,
         run_dir = Path(out or f"runs/train-{preset_name}-{time.strftime('%Y%m%d-%H%M%S')}")
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
-        with Recorder(run_dir, db or os.environ.get("QKGEOM_DB"), sweep_name, cfg) as sink:
+        with ProbeSink(run_dir, db or os.environ.get("QKGEOM_DB"), sweep_name, cfg) as sink:
             bar = ProgressLine(cfg.max_steps, enabled=not quiet)
             click.echo(f"qkgeom train: preset {preset_name}, {cfg.n_layer} layers, n_embd "
                        f"{cfg.n_embd}, init {cfg.init}, arm {cfg.arm}, seed {cfg.seed} -> "
@@ -141,10 +141,11 @@ def _clear_run_dir(run_dir: Path) -> None:
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
 
 
-class Recorder:
-    """Appends each probe to probes.jsonl (flushed: survives a crash) and, with --db, stores
-    it; the trial's status moves through :class:`qkgeom.store.lifecycle.TrialLifecycle`, as a
-    sweep's trials do. A context manager: leaving it closes the file and the database."""
+class ProbeSink:
+    """The :data:`~qkgeom.engine.train.ProbeCallback` of ``qkgeom train``: appends each
+    probe to probes.jsonl (flushed: survives a crash) and, with --db, records the trial
+    through :class:`qkgeom.store.recorder.TrialRecorder`, as a sweep's driver does. A
+    context manager: leaving it closes the file and the database."""
 
     def __init__(self, run_dir: Path, db: str | None, sweep_name: str, cfg) -> None:
         from qkgeom.plan.spec import trial_key
@@ -153,7 +154,7 @@ class Recorder:
         self.fh = self.path.open("a", encoding="utf-8")
         self.last = None
         self.store = None
-        self.lifecycle = None
+        self.recorder = None
         self.trial_id = None
         self.trial_key = trial_key(cfg.n_layer, cfg.init, cfg.arm, cfg.seed)
         if db:
@@ -166,7 +167,7 @@ class Recorder:
     def _open(self, db: str, sweep_name: str, cfg) -> None:
         from qkgeom.engine.train import pick_device
         from qkgeom.store import open_store, resolve_url, safe_url
-        from qkgeom.store.lifecycle import TrialLifecycle
+        from qkgeom.store.recorder import TrialRecorder
         from qkgeom.sweeps.provenance import provenance
         from qkgeom.sweeps.ship import code_version
 
@@ -174,16 +175,15 @@ class Recorder:
         self.url_shown = safe_url(url)
         self.store = open_store(url)
         self._check_existing(sweep_name, cfg)
-        sid = self.sweep_id = self.store.ensure_sweep(sweep_name, {"kind": "train"},
-                                                      code_version())
+        sid = self.store.ensure_sweep(sweep_name, {"kind": "train"}, code_version())
         self.trial_id = self.store.ensure_trial(
             sid, self.trial_key, cfg.to_dict(), depth=cfg.n_layer, init=cfg.init,
             arm=cfg.arm, seed=cfg.seed, status="running",
         )
-        self.lifecycle = TrialLifecycle(self.store)
-        self.lifecycle.started(self.trial_id, provenance(str(pick_device(cfg))))
+        self.recorder = TrialRecorder(self.store, sid)
+        self.recorder.started(self.trial_id, provenance(str(pick_device(cfg))))
 
-    def __enter__(self) -> Recorder:
+    def __enter__(self) -> ProbeSink:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -216,26 +216,25 @@ class Recorder:
         self.fh.write(json.dumps(record.to_dict(), allow_nan=True) + "\n")
         self.fh.flush()
         self.last = record
-        if self.store is not None:
-            self.store.write_probe(self.trial_id, record)
-            # last seen; a train run promises no interval, so it is never judged stale
-            self.lifecycle.alive(self.sweep_id, self.trial_id)
-            if checkpoint is not None:
-                self.store.add_checkpoint(self.trial_id, record.step, str(Path(checkpoint)
-                                                                              .resolve()))
+        if self.recorder is not None:
+            # the heartbeat is last seen only: a train run promises no interval, so it is
+            # never judged stale
+            self.recorder.reported(
+                self.trial_id, record,
+                saved=None if checkpoint is None else str(Path(checkpoint).resolve()))
 
     def failed(self, e: BaseException) -> None:
         self.fh.close()
-        if self.lifecycle is not None:
+        if self.recorder is not None:
             error = f"{type(e).__name__}: {e}"
             if isinstance(e, KeyboardInterrupt):
-                self.lifecycle.interrupted(self.trial_id, error)
+                self.recorder.interrupted(self.trial_id, error)
             else:
-                self.lifecycle.failed(self.trial_id, error)
+                self.recorder.failed(self.trial_id, error)
 
     def finished(self, result) -> None:
         self.fh.close()
-        if self.lifecycle is not None:
-            self.lifecycle.result(self.trial_id, test_loss=result.test_loss)
-            self.lifecycle.finished(self.trial_id, device=result.device,
-                                    host=result.extra.get("host"))
+        if self.recorder is not None:
+            self.recorder.result(self.trial_id, test_loss=result.test_loss)
+            self.recorder.finished(self.trial_id, device=result.device,
+                                   host=result.extra.get("host"))

@@ -34,11 +34,10 @@ lookup table, so memory stays bounded whatever the corpus size.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import hashlib
 import json
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -48,6 +47,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from filelock import FileLock
 
+from qkgeom.atomic import atomic_path
 from qkgeom.errors import DataError
 
 if TYPE_CHECKING:  # torch is imported where batches are made: opening a corpus is light
@@ -246,22 +246,8 @@ def _read_json(path: Path) -> dict | None:
 
 def _publish_json(path: Path, obj: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with open(fd, "w") as fh:
-            json.dump(obj, fh)
-        os.chmod(tmp, _umasked(0o666))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _umasked(mode: int) -> int:
-    """``mode`` as the process umask would give it (mkstemp/mkdtemp use 0600/0700)."""
-    um = os.umask(0)
-    os.umask(um)
-    return mode & ~um
+    with atomic_path(path) as tmp, open(tmp, "w") as fh:
+        json.dump(obj, fh)
 
 
 def _lock(name: str) -> FileLock:
@@ -302,8 +288,8 @@ def _encode(layout: _Layout, rec: dict, d: Path, vocab: np.ndarray | None) -> No
     lut = np.zeros(_N_CODE_POINTS, dtype=np.uint16)  # code point -> id; unseen -> UNK
     lut[vocab] = np.arange(1, len(vocab) + 1, dtype=np.uint16)
     d.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=d.parent, prefix=f".{d.name}."))
-    try:
+    # the whole directory at once; one already at d is an incomplete one left by a crash
+    with atomic_path(d, directory=True) as tmp:
         for fi, f in enumerate(layout.files):
             outs: dict[int, list] = {}
             for split, (sf, sr) in zip(SPLITS, layout.splits):
@@ -328,13 +314,6 @@ def _encode(layout: _Layout, rec: dict, d: Path, vocab: np.ndarray | None) -> No
                 raise DataError(f"{f} changed while it was being encoded; run again")
         chars = [chr(c) for c in vocab]
         (tmp / "meta.json").write_text(json.dumps({"chars": chars, "note": layout.note}))
-        if d.exists():  # an incomplete directory (no meta.json) left by a crash
-            shutil.rmtree(d)
-        os.chmod(tmp, _umasked(0o777))
-        os.rename(tmp, d)  # publish the whole directory at once
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _open(key: str, note: str) -> Corpus | None:
@@ -371,20 +350,14 @@ def download(name: str) -> Path:
         except Exception as e:  # offline: ConnectionError, hub errors, ...
             raise DataError(f"could not download {name} ({type(e).__name__}); {hint}") from None
         out.mkdir(parents=True, exist_ok=True)
-        tmps: dict[str, str] = {}
-        try:
+        with contextlib.ExitStack() as publish:
+            # renamed in the reverse order of entering, when all three are written
+            tmps = {fname: publish.enter_context(atomic_path(out / f"wiki.{fname}.raw"))
+                    for fname in ("train", "test", "valid")}
             for split, fname in (("train", "train"), ("validation", "valid"), ("test", "test")):
-                fd, tmps[fname] = tempfile.mkstemp(dir=out, prefix=f".wiki.{fname}.raw.",
-                                                   suffix=".tmp")
-                os.chmod(tmps[fname], _umasked(0o666))
-                with open(fd, "w", encoding="utf-8") as fh:
+                with open(tmps[fname], "w", encoding="utf-8") as fh:
                     for row in ds[split]["text"]:
                         fh.write(row if row else " \n")
-            for fname in ("valid", "test", "train"):
-                os.replace(tmps.pop(fname), out / f"wiki.{fname}.raw")
-        finally:
-            for t in tmps.values():
-                Path(t).unlink(missing_ok=True)
     return out
 
 

@@ -1,7 +1,7 @@
 """One trial: train a char-level GPT and probe its geometry as it trains. No Ray here.
 
-``train(cfg, report)`` calls ``report(record, checkpoint)`` at step 0, every
-``cfg.probe_every`` steps and at the last step, where ``record`` is a
+``train(cfg, report)`` calls ``report(record, checkpoint)`` (a :data:`ProbeCallback`) at
+step 0, every ``cfg.probe_every`` steps and at the last step, where ``record`` is a
 :class:`~qkgeom.records.ProbeRecord` and ``checkpoint`` the directory of a checkpoint
 written at that step (or ``None``). A checkpoint holds the model, optimizer, data-sampler,
 rng and intervention state, so ``train(cfg, report, resume_from=dir)`` continues with
@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from qkgeom.atomic import atomic_path
 from qkgeom.config import TrialConfig
 from qkgeom.engine.data import Corpus, Sampler, fixed_starts, load_corpus, unigram_entropy, windows
 from qkgeom.engine.intervention import KeySpectrumControl
@@ -32,7 +33,8 @@ from qkgeom.engine.model import GPT
 from qkgeom.engine.probe import probe_model
 from qkgeom.records import ProbeRecord, StepRecord, TrialResult
 
-Report = Callable[[ProbeRecord, "str | None"], None]
+# called with each probe's record and the checkpoint written at its step (or None)
+ProbeCallback = Callable[[ProbeRecord, "str | None"], None]
 ProgressFn = Callable[[int, dict[str, Any]], None]
 
 # Seeds of the fixed held-out batches: shared by every trial so probes compare like with like.
@@ -123,8 +125,10 @@ class LossSum:
         return [float(self.sum), self.n]  # the checkpoint format of earlier versions
 
 
-class Trial:
-    """The state of one running trial (model, optimizer, sampler, intervention, counters)."""
+class TrainingRun:
+    """The state of one training run (model, optimizer, sampler, intervention, counters):
+    what :meth:`save` checkpoints and :meth:`load` restores. Its database row is another
+    thing, :class:`qkgeom.store.models.Trial`."""
 
     def __init__(self, cfg: TrialConfig, corpus: Corpus | None = None) -> None:
         self.cfg = cfg
@@ -170,9 +174,8 @@ class Trial:
             "loss_acc": self.loss_acc.state(),
             "probe_loss_acc": self.probe_loss_acc.state(),
         }
-        tmp = d / (STATE_FILE + ".tmp")
-        torch.save(state, tmp)
-        tmp.replace(d / STATE_FILE)  # atomic: a crash never leaves half a checkpoint
+        with atomic_path(d / STATE_FILE) as tmp:  # a crash never leaves half a checkpoint
+            torch.save(state, tmp)
         return str(d)
 
     def save_weights(self, directory: str | Path) -> str:
@@ -192,9 +195,8 @@ class Trial:
             "step": self.step,
             "tokens": self.tokens,
         }
-        tmp = d / (STATE_FILE + ".tmp")
-        torch.save(state, tmp)
-        tmp.replace(d / STATE_FILE)
+        with atomic_path(d / STATE_FILE) as tmp:
+            torch.save(state, tmp)
         return str(d)
 
     def load(self, directory: str | Path) -> None:
@@ -268,7 +270,7 @@ class Trial:
         return rec
 
 
-def train(cfg: TrialConfig, report: Report | None = None, **kw: Any) -> TrialResult:
+def train(cfg: TrialConfig, report: ProbeCallback | None = None, **kw: Any) -> TrialResult:
     """Run one trial; see the module docstring for the ``report`` protocol and
     :func:`training` for the keyword arguments."""
     steps = training(cfg, report, **kw)
@@ -281,7 +283,7 @@ def train(cfg: TrialConfig, report: Report | None = None, **kw: Any) -> TrialRes
 
 def training(
     cfg: TrialConfig,
-    report: Report | None = None,
+    report: ProbeCallback | None = None,
     *,
     checkpoint_dir: str | Path | None = None,
     resume_from: str | Path | None = None,
@@ -306,7 +308,7 @@ def training(
     ``info["loss"]`` is a 0-d tensor (formatting it reads it: a device sync on CUDA).
     """
     t_start = time.perf_counter()
-    tr = Trial(cfg, corpus)
+    tr = TrainingRun(cfg, corpus)
     if resume_from is not None:
         tr.load(resume_from)
 
@@ -361,7 +363,7 @@ class StepTimer:
             span.tokens += tokens
 
 
-def _train_to_end(tr: Trial, emit: Callable[[ProbeRecord], None],
+def _train_to_end(tr: TrainingRun, emit: Callable[[ProbeRecord], None],
                   progress: ProgressFn | None, timer: StepTimer, *,
                   resumed: bool) -> Generator[int, None, float]:
     """Train from ``tr.step`` to ``max_steps``: history at log/eval/probe steps, a probe
@@ -396,7 +398,7 @@ def _train_to_end(tr: Trial, emit: Callable[[ProbeRecord], None],
     return last_val
 
 
-def _result(tr: Trial, last_val: float, timer: StepTimer, t_start: float) -> TrialResult:
+def _result(tr: TrainingRun, last_val: float, timer: StepTimer, t_start: float) -> TrialResult:
     """The trial's summary: test loss on the fixed test batches, throughput, where."""
     cfg = tr.cfg
     test_starts = fixed_starts(tr.corpus.test, cfg.block_size, cfg.test_batches * cfg.batch_size,

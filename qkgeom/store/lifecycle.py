@@ -4,9 +4,9 @@
 failed attempt is retried. Each start of an attempt counts in ``attempts`` and has a row in
 ``trial_attempts`` with its provenance (:mod:`qkgeom.sweeps.provenance`). Both the
 sweep's driver-side Tune callback (:class:`qkgeom.sweeps.callbacks.DbWriter`) and
-``qkgeom train --db`` (:mod:`qkgeom.cli.train`) move trials through here, so the two
-record a trial the same way; :func:`mark_interrupted` records a sweep that stopped
-short. No Ray, no torch: a thin layer over :meth:`qkgeom.store.Store.set_trial_status`.
+``qkgeom train --db`` (:mod:`qkgeom.cli.train`) move trials through here, by way of one
+:class:`qkgeom.store.recorder.TrialRecorder` each, so the two record a trial the same way;
+:func:`mark_interrupted` records a sweep that stopped short. No Ray, no torch: a thin layer over :meth:`qkgeom.store.Store.set_trial_status`.
 
 Heartbeats: while a sweep runs, its driver refreshes ``trials.heartbeat_at`` of the
 running trials on every result and at least every ``sweeps.heartbeat_s`` seconds

@@ -11,6 +11,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from qkgeom.atomic import atomic_path
 from qkgeom.errors import QkgeomError
 from qkgeom.records import ProbeRecord, StepRecord
 from qkgeom.store.base import StoreBase, loaded_float
@@ -268,10 +269,9 @@ class Reads(StoreBase):
         else:
             # a view name from the fixed VIEWS list (identifiers cannot be bound)
             q, schema = text(f"SELECT * FROM {name}"), None
-        tmp = path.with_name(path.name + ".tmp")
         writer = None
         rows = 0
-        with self._read() as conn:
+        with atomic_path(path) as tmp, self._read() as conn:
             result = conn.execute(q, execution_options={"stream_results": True,
                                                          "yield_per": batch_size})
             if schema is None:
@@ -288,7 +288,6 @@ class Reads(StoreBase):
             finally:
                 if writer is not None:
                     writer.close()
-        tmp.replace(path)
         return ExportedFile(name=name, path=path, rows=rows)
 
     # ------------------------------------------------------------------ sweep-side reads

@@ -1,12 +1,12 @@
 """The driver's side of a running sweep: Tune's callbacks and the stop signals.
 
 :class:`DbWriter` is the single database writer (safe for SQLite), in the driver: probe
-rows and, through :class:`qkgeom.store.lifecycle.TrialLifecycle`, the trial lifecycle (pending
--> running -> error | terminated, attempts, host, device, checkpoints). With
-``direct_writes`` (PostgreSQL only) the workers write their own probe rows and the
-callback keeps the lifecycle, and the heartbeats of the running trials (on every result
-and every ``heartbeat_s`` seconds, :mod:`qkgeom.store.lifecycle`). :class:`ProgressReporter`
-prints one concise progress line.
+rows and the trial lifecycle (pending -> running -> error | terminated, attempts, host,
+device, checkpoints), through :class:`qkgeom.store.recorder.TrialRecorder` as ``qkgeom
+train --db`` records its trial. With ``direct_writes`` (PostgreSQL only) the workers
+write their own probe rows and the callback keeps the lifecycle, and the heartbeats of
+the running trials (on every result and every ``heartbeat_s`` seconds,
+:mod:`qkgeom.store.lifecycle`). :class:`ProgressReporter` prints one concise progress line.
 SIGINT/SIGTERM in the driver are forwarded into Tune's graceful stop
 (:func:`install_signal_handlers`).
 
@@ -38,7 +38,7 @@ from qkgeom.sweeps.trainable import storage_location, trial_name
 
 if TYPE_CHECKING:
     from qkgeom.store import Store
-    from qkgeom.store.lifecycle import TrialLifecycle
+    from qkgeom.store.recorder import TrialRecorder
 
 def _error_text(trial: Any) -> str:
     path = getattr(trial, "error_file", None)
@@ -89,7 +89,7 @@ class DbWriter(Callback):
         """The driver-only state: none of it is pickled into the experiment."""
         return {
             "_store": None,
-            "_lifecycle": None,
+            "_recorder": None,
             "_ids": {},  # trial key -> trials.id
             "_seen": set(),  # trials whose current attempt has reported
             "_ckpts": {},  # trial id -> [(time registered, step, location, Checkpoint)]
@@ -115,12 +115,12 @@ class DbWriter(Callback):
         return self._store
 
     @property
-    def lifecycle(self) -> TrialLifecycle:
-        if self._lifecycle is None:
-            from qkgeom.store.lifecycle import TrialLifecycle
+    def recorder(self) -> TrialRecorder:
+        if self._recorder is None:
+            from qkgeom.store.recorder import TrialRecorder
 
-            self._lifecycle = TrialLifecycle(self.store)
-        return self._lifecycle
+            self._recorder = TrialRecorder(self.store, self.sweep_id)
+        return self._recorder
 
     @property
     def sweep_id(self) -> int:
@@ -148,7 +148,7 @@ class DbWriter(Callback):
         from qkgeom.sweeps.provenance import code_provenance
 
         self._seen.discard(trial.trial_id)
-        self.lifecycle.started(self._tid(trial), code_provenance())
+        self.recorder.started(self._tid(trial), code_provenance())
 
     @_recording
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,
@@ -159,17 +159,14 @@ class DbWriter(Callback):
         if trial.trial_id not in self._seen:
             self._seen.add(trial.trial_id)
             prov = result.get("provenance")
-            self.lifecycle.placed(tid, host=result.get("host"), device=result.get("device"),
-                                  provenance=json.loads(prov) if prov else None)
-        rec = result.get("record")
-        if rec:
-            self.store.write_probe(tid, ProbeRecord.from_dict(json.loads(rec)))
-        if result.get("snapshot") and result.get("step") is not None:
-            self.store.add_checkpoint(tid, int(result["step"]), result["snapshot"],
-                                      kind="snapshot")
+            self.recorder.placed(tid, host=result.get("host"), device=result.get("device"),
+                                 provenance=json.loads(prov) if prov else None)
         if "test_loss" in result:
-            self.lifecycle.result(tid, test_loss=result["test_loss"])
-        self.lifecycle.alive(self.sweep_id, tid)
+            self.recorder.result(tid, test_loss=result["test_loss"])
+        rec = result.get("record")
+        self.recorder.reported(tid, ProbeRecord.from_dict(json.loads(rec)) if rec else None,
+                               step=result.get("step"), saved=result.get("snapshot"),
+                               kind="snapshot")
 
     @_recording
     def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:
@@ -177,7 +174,7 @@ class DbWriter(Callback):
         now = time.monotonic()
         if now - self._beat >= DRIVER_STATE.heartbeat_s:
             self._beat = now
-            self.lifecycle.alive(self.sweep_id)
+            self.recorder.alive()
 
     @_recording
     def on_checkpoint(self, iteration: int, trials: list, trial: Any, checkpoint: Any,
@@ -188,8 +185,7 @@ class DbWriter(Callback):
                                getattr(storage, "storage_fs_path", None),
                                DRIVER_STATE.storage)
         tid = self._tid(trial)
-        if step is not None:
-            self.store.add_checkpoint(tid, int(step), loc, kind="resume")
+        self.recorder.checkpoint(tid, step, loc, kind="resume")
         self._prune(trial.trial_id, tid, step, loc, checkpoint)
 
     def _prune(self, trial_id: str, tid: int, step: int | None, loc: str,
@@ -216,18 +212,17 @@ class DbWriter(Callback):
             except Exception:  # already gone, or a storage hiccup: look before forgetting
                 if _exists(ck.filesystem, ck.path):
                     continue
-            if st is not None:
-                self.store.delete_checkpoint(tid, int(st), kind="resume", location=where)
+            self.recorder.dropped_checkpoint(tid, st, where, kind="resume")
             lst.remove(item)
 
     @_recording
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self._seen.discard(trial.trial_id)
-        self.lifecycle.retrying(self._tid(trial), _error_text(trial))
+        self.recorder.retrying(self._tid(trial), _error_text(trial))
 
     @_recording
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self.lifecycle.failed(self._tid(trial), _error_text(trial))
+        self.recorder.failed(self._tid(trial), _error_text(trial))
 
     @_recording
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
@@ -237,12 +232,12 @@ class DbWriter(Callback):
         last = trial.last_result or {}
         if DRIVER_STATE.interrupted and last.get("step") != last.get("max_steps"):
             return  # stopped by a signal, not finished: run_sweep records it as interrupted
-        self.lifecycle.finished(self._tid(trial))
+        self.recorder.finished(self._tid(trial))
 
     def on_experiment_end(self, trials: list, **info: Any) -> None:
         if self._store is not None:
             self._store.close()
-            self._store = self._lifecycle = self._sid = None
+            self._store = self._recorder = self._sid = None
 
 
 def _exists(fs: Any, path: str) -> bool:
