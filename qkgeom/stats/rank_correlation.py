@@ -12,16 +12,22 @@ import numpy as np
 from qkgeom.stats.common import ResultDict
 
 
+def tie_groups(v: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(order, is_start, starts)`` of a 1-d array: the stable sort order, whether each
+    sorted position starts a group of equal values, and the groups' first positions."""
+    order = np.argsort(v, kind="stable")
+    vs = v[order]
+    is_start = np.ones(v.size, dtype=bool)
+    is_start[1:] = vs[1:] != vs[:-1]
+    return order, is_start, np.flatnonzero(is_start)
+
+
 def _avg_ranks(a: np.ndarray) -> np.ndarray:
     """1-based ranks with ties given their mean rank; equals ``scipy.stats.rankdata(a)``
     (computed here to keep the slow ``scipy.stats`` import off every command's path)."""
     a = np.asarray(a, dtype=float).ravel()
     n = a.size
-    order = np.argsort(a, kind="mergesort")
-    s = a[order]
-    is_start = np.ones(n, dtype=bool)
-    is_start[1:] = s[1:] != s[:-1]
-    starts = np.flatnonzero(is_start)
+    order, _, starts = tie_groups(a)
     counts = np.diff(np.append(starts, n))
     avg = starts + 0.5 * (counts + 1)  # group of c ties starting at s: ranks s+1..s+c
     out = np.empty(n, dtype=float)
@@ -61,11 +67,7 @@ class _WeightedRanks:
 
     def __init__(self, v: np.ndarray):
         n = v.size
-        order = np.argsort(v, kind="stable")
-        vs = v[order]
-        is_start = np.ones(n, dtype=bool)
-        is_start[1:] = vs[1:] != vs[:-1]
-        starts = np.flatnonzero(is_start)
+        order, is_start, starts = tie_groups(v)
         self.ends = np.append(starts[1:], n) - 1  # sorted position of each group's last
         self.ties = starts.size < n
         self.identity = bool(np.all(order == np.arange(n)))
