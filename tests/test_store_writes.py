@@ -129,6 +129,22 @@ def test_read_probes_returns_what_was_written(store):
         assert (a.tokens, a.progress, a.val_loss) == (b.tokens, b.progress, b.val_loss)
 
 
+def test_trial_info_has_every_trials_column(store):
+    # get_trial builds TrialInfo from the whole row: a migration that adds a column to
+    # trials without a field here breaks every read (0008's trials.cell did)
+    from dataclasses import fields
+
+    from qkgeom.store.models import Trial
+    from qkgeom.store.reads import TrialInfo
+
+    assert {f.name for f in fields(TrialInfo)} == set(Trial.__table__.columns.keys())
+    sid = store.ensure_sweep("cells", {"a": 1}, "v1")
+    tid = store.ensure_trial(sid, "lr0.001.d2-tied-none-s1", {"lr": 1e-3}, depth=2,
+                             init="tied", arm="none", seed=1, cell="lr0.001")
+    info = store.get_trial(tid)
+    assert (info.cell, info.trial_key, info.seed) == ("lr0.001", "lr0.001.d2-tied-none-s1", 1)
+
+
 def test_trial_status_lifecycle(store):
     sid, tid = _trial(store)
     assert store.get_trial(tid).status == "pending"

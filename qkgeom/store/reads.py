@@ -64,6 +64,7 @@ class TrialInfo:
     test_loss: float | None = None  # nats/char at the end of training; None until then
     baseline_ref: dict | None = None  # arms filled from a baseline (qkgeom.plan.pairing)
     heartbeat_at: datetime | None = None  # last sign of life while running (qkgeom.store.lifecycle)
+    cell: str | None = None  # the spec's factor cell (qkgeom.plan.cells); None for a plain grid
 
 
 class Reads(StoreBase):
