@@ -29,7 +29,7 @@ MOVED = {
     "qkgeom.ladder": "qkgeom.report.ladder",
     "qkgeom.study": "qkgeom.report.study",
     "qkgeom.serve": "qkgeom.web.serve",
-    "qkgeom.webpage": "qkgeom.web.html",
+    "qkgeom.webpage": "qkgeom.report.html",
     "qkgeom.background": "qkgeom.web.background",
     "qkgeom.tune": "qkgeom.sweeps.driver",
     "qkgeom.tune_trial": "qkgeom.sweeps.trainable",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-_SUBMODULES = {"claims", "render", "plots", "ladder", "study"}
+_SUBMODULES = {"claims", "render", "html", "plots", "ladder", "study"}
 
 
 def __getattr__(name: str) -> Any:

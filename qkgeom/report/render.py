@@ -18,7 +18,6 @@ database and seed give the same files.
 
 from __future__ import annotations
 
-import html
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +40,7 @@ from qkgeom.report.claims import (
     Section,
     compute_claims,
 )
+from qkgeom.report.html import escape, html_table, page, verdict_cell
 from qkgeom.report.ladder import FINDINGS, RULES_VERSION, load_cells, robustness
 
 if TYPE_CHECKING:
@@ -202,36 +202,9 @@ def _md_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def _html_table(rows: list[dict[str, Any]]) -> str:
-    if not rows:
-        return "<p><em>(no rows)</em></p>"
-    cols = list(dict.fromkeys(k for r in rows for k in r))
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(
-        f"<td class='{'num' if isinstance(r.get(c), (int, float)) else ''}'>"
-        f"{html.escape(A.fmt(r.get(c)))}</td>" for c in cols) + "</tr>" for r in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1200px;
-margin:2em auto;padding:0 1em;color:#222;line-height:1.45}
-table{border-collapse:collapse;margin:.6em 0 1.2em;font-size:.9em}
-th,td{border:1px solid #ccc;padding:.25em .55em;vertical-align:top}
-th{background:#f3f3f3;text-align:left} td.num{text-align:right;font-variant-numeric:tabular-nums}
-.v-holds{background:#e3f4e3;font-weight:600}.v-does{background:#fbe3e3;font-weight:600}
-.v-not{background:#f6f0d8;font-weight:600} figure{margin:1em 0} figcaption{color:#555}
-code{background:#f5f5f5;padding:0 .2em} figure svg{max-width:100%;height:auto}
-"""
-
-
 def _ladder_text(rep: Report, key: str) -> str:
     r = rep.ladder.get(key)
     return f"{r['summary']} ({FINDINGS})" if r and r["cells"] else "-"
-
-
-def _verdict_class(v: str) -> str:
-    return {HOLDS: "v-holds", FAILS: "v-does"}.get(v, "v-not")
 
 
 def render_markdown(rep: Report) -> str:
@@ -261,42 +234,38 @@ def render_markdown(rep: Report) -> str:
 
 def render_html(rep: Report, svgs: dict[str, str]) -> str:
     """report.html, self-contained: ``svgs`` maps a chart name to its inline ``<svg>``."""
-    h = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
-         f"<title>qkgeom report: {html.escape(rep.sweep)}</title><style>{CSS}</style></head>"
-         "<body>",
-         f"<h1>qkgeom study report: {html.escape(rep.sweep)}</h1>",
-         "<p>" + html.escape(rep.design_text).replace("**", "") + "</p>",
-         _html_table(rep.design),
-         "<h2>Scale and optimiser, beside the paper's</h2>", _html_table(rep.scale_rows),
-         f"<p>{html.escape(SCALE_NOTE)}</p>",
-         f"<h2>Claims and verdicts</h2><p>{html.escape(rep.calibration)}</p>"
+    h = [f"<h1>qkgeom study report: {escape(rep.sweep)}</h1>",
+         "<p>" + escape(rep.design_text).replace("**", "") + "</p>",
+         html_table(rep.design),
+         "<h2>Scale and optimiser, beside the paper's</h2>", html_table(rep.scale_rows),
+         f"<p>{escape(SCALE_NOTE)}</p>",
+         f"<h2>Claims and verdicts</h2><p>{escape(rep.calibration)}</p>"
          "<table><thead><tr><th>claim</th><th>paper</th>"
          "<th>measured</th><th>verdict</th><th>the rule's error rate and power</th>"
          "<th>on the ladder</th></tr></thead><tbody>"]
     for c in rep.claims:
-        h.append(f"<tr><td>{html.escape(c.key)}</td><td>{html.escape(c.paper)}</td>"
-                 f"<td>{html.escape(c.measured)}</td><td class='{_verdict_class(c.verdict)}'>"
-                 f"{html.escape(c.verdict)}</td><td>{html.escape(c.rule_error)}</td>"
-                 f"<td>{html.escape(_ladder_text(rep, c.key))}</td></tr>")
+        h.append(f"<tr><td>{escape(c.key)}</td><td>{escape(c.paper)}</td>"
+                 f"<td>{escape(c.measured)}</td>{verdict_cell(c.verdict)}"
+                 f"<td>{escape(c.rule_error)}</td>"
+                 f"<td>{escape(_ladder_text(rep, c.key))}</td></tr>")
     h.append("</tbody></table><p>Verdict rules:</p><ul>"
-             + "".join(f"<li>{html.escape(r)}</li>" for r in RULES) + "</ul><h2>Figures</h2>")
+             + "".join(f"<li>{escape(r)}</li>" for r in RULES) + "</ul><h2>Figures</h2>")
     for name, caption in rep.figures:
         if name in svgs:
-            h.append(f"<figure>{svgs[name]}<figcaption>{html.escape(caption)}"
+            h.append(f"<figure>{svgs[name]}<figcaption>{escape(caption)}"
                      "</figcaption></figure>")
     if not svgs:
         h.append("<p><em>No figures: the sweep has no plottable data.</em></p>")
     h.append("<h2>Tables</h2>")
     for s in rep.sections:
-        h.append(f"<h3>{html.escape(s.title)}</h3>")
+        h.append(f"<h3>{escape(s.title)}</h3>")
         if s.text:
-            h.append(f"<p>{html.escape(s.text)}</p>")
+            h.append(f"<p>{escape(s.text)}</p>")
         for title, rows in s.tables:
             if title:
-                h.append(f"<p><em>{html.escape(title)}</em></p>")
-            h.append(_html_table(rows))
-    h.append("</body></html>")
-    return "\n".join(h)
+                h.append(f"<p><em>{escape(title)}</em></p>")
+            h.append(html_table(rows))
+    return page(f"qkgeom report: {rep.sweep}", "\n".join(h), body_class="doc")
 
 
 def render_json(rep: Report) -> str:

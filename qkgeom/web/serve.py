@@ -49,11 +49,11 @@ from starlette.routing import Route
 
 from qkgeom import analysis as A
 from qkgeom.errors import QkgeomError
+from qkgeom.report.html import cell as _cell
+from qkgeom.report.html import escape as _e
+from qkgeom.report.html import html_table, page, verdict_cell
 from qkgeom.report.study import FINISHED, Study
 from qkgeom.web.background import Failed, Jobs
-from qkgeom.web.html import cell as _cell
-from qkgeom.web.html import escape as _e
-from qkgeom.web.html import html_table, page
 
 if TYPE_CHECKING:
     from qkgeom.store import Store
@@ -337,7 +337,7 @@ class Server:
             return "".join(out) + f"<p class='note' id='claims-note'>{_e(_pending(claims))}</p>"
         rows = "".join(
             f"<tr><td>{_e(c.key)}</td><td>{_e(c.paper)}</td><td>{_e(c.measured)}</td>"
-            f"<td class='{_verdict_class(c.verdict)}'>{_e(c.verdict)}{mark}</td></tr>"
+            f"{verdict_cell(c.verdict, mark)}</tr>"
             for c in claims)
         out.append("<table id='claims'><thead><tr><th>claim</th><th>paper</th>"
                    f"<th>measured</th><th>verdict</th></tr></thead><tbody>{rows}</tbody>"
@@ -481,10 +481,6 @@ def _counts(status: dict[str, int]) -> str:
 def _reload_note(refresh: int) -> str:
     return (f"This page reloads every {refresh} s (add ?refresh=0 to stop)." if refresh
             else "Automatic reloading is off.")
-
-
-def _verdict_class(v: str) -> str:
-    return {"holds": "v-holds", "does not hold": "v-does"}.get(v, "v-not")
 
 
 def _download(body: str | bytes, media: str, filename: str) -> Response:
