@@ -102,8 +102,7 @@ class Study:
         every = dict(zip(sweeps["name"], sweeps["heartbeat_s"])).get(self.name)
         now = datetime.now(timezone.utc)
         t = self.store.trials(self.name)
-        last = Q.latest_probes(self.store, self.sweep_id)
-        by = {int(r[0]): (r[1], r[2]) for r in last.iter_rows()}
+        by = self.store.last_probes(self.sweep_id)
         rows = []
         for r in t.iter_rows(named=True):
             cfg = json.loads(r["config"]) if r["config"] else {}

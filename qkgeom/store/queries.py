@@ -57,15 +57,6 @@ def sweep_trial_results(store: Store, sweep: str) -> pl.DataFrame:
         "ORDER BY t.id", {"sweep": sweep})
 
 
-def latest_probes(store: Store, sweep_id: int) -> pl.DataFrame:
-    """Each trial's latest probe in sweep ``sweep_id``: trial_id, step, val_loss."""
-    return store.sql(
-        "SELECT p.trial_id, p.step, p.val_loss FROM probes p JOIN "
-        "(SELECT q.trial_id, MAX(q.step) AS step FROM probes q JOIN trials t "
-        "ON t.id = q.trial_id WHERE t.sweep_id = :s GROUP BY q.trial_id) m "
-        "ON m.trial_id = p.trial_id AND m.step = p.step", {"s": sweep_id})
-
-
 def data_version(store: Store, sweep_id: int) -> tuple[Any, ...]:
     """A cheap fingerprint of a sweep's stored data: (probes, sum of their steps, every
     trial's (id, status, attempts), pretrained runs in the database)."""
