@@ -351,7 +351,7 @@ def test_commands_on_a_real_smoke_sweep(smoke_db: str, tmp_path: Path):
     from qkgeom.store import open_store
 
     with open_store(smoke_db, create=False, readonly=True) as store:
-        t = A.trials(store, A.resolve_sweep(store, None))
+        t = A.sweep_trials(store, A.resolve_sweep(store, None))
     grid = t.filter(t["arm"] == "none")
     n_traj = sum(d for d, _ in grid.select("depth", "init").unique().iter_rows())
     d = run_json("stats", "sign-test", "--db", smoke_db)

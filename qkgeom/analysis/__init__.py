@@ -86,11 +86,11 @@ from qkgeom.analysis.trials import (
     resolve_sweep,
     select_trials,
     study_scale,
+    sweep_trials,
     test_loss_pairs,
     trial_rows,
-    trials,
 )
-from qkgeom.store.queries import layer_values, pretrained_models, sweep_names
+from qkgeom.store.queries import layer_values, pretrained_models
 
 __all__ = [
     "BASELINE_ARM", "DEFAULT_LAST_PROBES", "LEVELS", "PREDICTED_SIGN", "SCALE_KEYS",
@@ -102,7 +102,7 @@ __all__ = [
     "layer_values", "make_rng", "mean_of_last_probes", "metric_points", "paired_deltas",
     "parse_window", "pair_by_seed", "paired_trials", "pairing_notes", "pr_gap_units",
     "pretrained_models", "require_pairs", "require_rows", "resolve_sweep", "select_trials",
-    "sign_test", "slopes", "study_scale", "summarise_gap", "sweep_names", "test_loss_pairs",
-    "trajectory_frame", "trial_rows", "trials", "unit_keys", "verdict_p", "window_label",
+    "sign_test", "slopes", "study_scale", "summarise_gap", "sweep_trials", "test_loss_pairs",
+    "trajectory_frame", "trial_rows", "unit_keys", "verdict_p", "window_label",
     "window_units", "wide", "within_step_correlation",
 ]

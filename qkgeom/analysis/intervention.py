@@ -17,7 +17,7 @@ from qkgeom.analysis.common import (
     AnalysisError,
     make_rng,
 )
-from qkgeom.analysis.trials import check_metric, select_trials, trials
+from qkgeom.analysis.trials import check_metric, select_trials, sweep_trials
 from qkgeom.store.queries import layer_values
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ class PairedTrials:
 def paired_trials(store: Store, sweep: str, *, arm: str, baseline: str,
                   finished_only: bool) -> PairedTrials:
     """The trials of ``arm`` and its baseline, or an error saying why there are none."""
-    t_all = trials(store, sweep)
+    t_all = sweep_trials(store, sweep)
     arms_present = sorted(set(t_all["arm"].to_list()))
     if not [a for a in arms_present if a != baseline]:
         raise AnalysisError(
@@ -190,7 +190,7 @@ def intervention_values(store: Store, sweep: str, *, arm: str, baseline: str,
                         metrics: list[str]) -> pl.DataFrame | None:
     """Layer rows of ``metrics`` for the arm's trials and the baseline trials in the arm's
     (depth, init) cells, read in one query (None when the arm has no trials)."""
-    t = trials(store, sweep)
+    t = sweep_trials(store, sweep)
     a = t.filter(pl.col("arm") == arm)
     if a.height == 0:
         return None
@@ -306,7 +306,7 @@ def intervention_frame(store: Store, sweep: str, *,
                        ) -> pl.DataFrame:
     """Per trial and probe, each metric averaged over layers, for the intervention cells:
     depth, init, arm, seed, trial_id, step, progress, metric, value."""
-    t_all = trials(store, sweep)
+    t_all = sweep_trials(store, sweep)
     arms = sorted(set(t_all["arm"].to_list()) - {baseline})
     if not arms:
         raise AnalysisError(

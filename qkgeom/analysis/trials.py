@@ -11,8 +11,7 @@ import polars as pl
 
 from qkgeom.analysis.common import BASELINE_ARM, AnalysisError
 from qkgeom.records import METRICS
-from qkgeom.store.queries import metric_definition_names, sweep_names, sweep_trial_results
-from qkgeom.store.queries import sweep_trials as trials
+from qkgeom.store.queries import metric_definition_names
 
 if TYPE_CHECKING:
     from qkgeom.store import Store
@@ -20,7 +19,7 @@ if TYPE_CHECKING:
 
 def resolve_sweep(store: Store, sweep: str | None) -> str:
     """The sweep to analyse: ``sweep`` if it exists, else the only one in the database."""
-    names = sweep_names(store)
+    names = store.sweep_names()
     if sweep is None:
         if len(names) == 1:
             return names[0]
@@ -54,10 +53,17 @@ def check_metric(store: Store, name: str) -> str:
     return name
 
 
+def sweep_trials(store: Store, sweep: str, *more: str) -> pl.DataFrame:
+    """One row per trial of ``sweep`` (:meth:`Store.trials`, ordered by id): trial_id,
+    depth, init, arm, seed, status, then the columns ``more`` of :meth:`Store.trials`."""
+    return store.trials(sweep).select(pl.col("id").alias("trial_id"), "depth", "init", "arm",
+                                      "seed", "status", *more)
+
+
 def trial_rows(store: Store, sweep: str) -> list[dict[str, Any]]:
     """Every trial of ``sweep`` as a dict: trial_id, depth, init, arm, seed, status,
     test_loss (None until finished) and config (parsed)."""
-    rows = sweep_trial_results(store, sweep).to_dicts()
+    rows = sweep_trials(store, sweep, "test_loss", "config").to_dicts()
     for r in rows:
         c = r["config"]
         r["config"] = json.loads(c) if isinstance(c, str) else (c or {})
@@ -122,7 +128,7 @@ def test_loss_pairs(store: Store, sweep: str, *, arm: str, baseline: str = BASEL
 def select_trials(store: Store, sweep: str, *, arms: list[str] | None = None,
                    depth: int | None = None, init: str | None = None,
                    finished_only: bool = True) -> pl.DataFrame:
-    t = trials(store, sweep)
+    t = sweep_trials(store, sweep)
     if t.height == 0:
         raise AnalysisError(f"sweep {sweep!r} has no trials yet; run it with "
                             f"`qkgeom sweep` first")
@@ -159,5 +165,5 @@ def select_trials(store: Store, sweep: str, *, arms: list[str] | None = None,
 
 def arms_summary(store: Store, sweep: str) -> pl.DataFrame:
     """Trials per (arm, depth, init, status)."""
-    return trials(store, sweep).group_by(["arm", "depth", "init", "status"]).len().sort(
+    return sweep_trials(store, sweep).group_by(["arm", "depth", "init", "status"]).len().sort(
         ["arm", "depth", "init", "status"])

@@ -105,7 +105,7 @@ def gap_claims(store: Store, sweep: str, fin: bool) -> ClaimSet:
              "test p = 2^-54")
     try:
         # read PR_Q/PR_K once for every summary and level
-        t = A.trials(store, sweep)
+        t = A.sweep_trials(store, sweep)
         vals = A.layer_values(store, t.filter(t["arm"] == A.BASELINE_ARM)["trial_id"].to_list(),
                               ["pr_q", "pr_k"])
         units = A.pr_gap_units(store, sweep, finished_only=fin, values=vals)
@@ -344,7 +344,7 @@ def _lower(v: dict[str, Any] | None) -> str:
 def intervention_claims(store: Store, sweep: str, fin: bool, seed: int, n_boot: int
                         ) -> ClaimSet:
     """Claim 4 per arm (entropy, directional confidence) and the reality checks."""
-    present = set(A.trials(store, sweep)["arm"].to_list())
+    present = set(A.sweep_trials(store, sweep)["arm"].to_list())
     arms = ["shrink", "hold"] + (["shrink_act"] if "shrink_act" in present else [])
     claims = []
     sections = []

@@ -106,7 +106,7 @@ def _charts(store: Store, sweep: str, fin: bool, seed: int,
 
 def _design(store: Store, sweep: str, fin: bool) -> tuple[str, list[dict[str, Any]]]:
     """The design paragraph and the table of trials per arm and status."""
-    tr = A.trials(store, sweep)
+    tr = A.sweep_trials(store, sweep)
     design = tr.group_by(["arm", "status"]).len("trials").sort(["arm", "status"]).to_dicts()
     losses: dict[tuple[str, str], list[float]] = {}
     for r in A.trial_rows(store, sweep):

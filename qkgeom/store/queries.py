@@ -27,34 +27,12 @@ def _with_lists(sql: str, *names: str) -> Any:
     return text(sql).bindparams(*(bindparam(n, expanding=True) for n in names))
 
 
-# --------------------------------------------------------------------------- sweeps, trials
-
-
-def sweep_names(store: Store) -> list[str]:
-    """Names of every sweep, sorted."""
-    return store.sql("SELECT name FROM sweeps ORDER BY name")["name"].to_list()
+# --------------------------------------------------------------------------- sweeps
 
 
 def metric_definition_names(store: Store) -> list[str]:
     """Metric names declared in ``metric_definitions``."""
     return store.sql("SELECT name FROM metric_definitions")["name"].to_list()
-
-
-def sweep_trials(store: Store, sweep: str) -> pl.DataFrame:
-    """One row per trial of ``sweep``: trial_id, depth, init, arm, seed, status."""
-    return store.sql(
-        "SELECT t.id AS trial_id, t.depth, t.init, t.arm, t.seed, t.status "
-        "FROM trials t JOIN sweeps s ON s.id = t.sweep_id WHERE s.name = :sweep "
-        "ORDER BY t.id", {"sweep": sweep})
-
-
-def sweep_trial_results(store: Store, sweep: str) -> pl.DataFrame:
-    """One row per trial of ``sweep``: trial_id, depth, init, arm, seed, status,
-    test_loss, config (JSON text on SQLite, parsed on PostgreSQL)."""
-    return store.sql(
-        "SELECT t.id AS trial_id, t.depth, t.init, t.arm, t.seed, t.status, t.test_loss, "
-        "t.config FROM trials t JOIN sweeps s ON s.id = t.sweep_id WHERE s.name = :sweep "
-        "ORDER BY t.id", {"sweep": sweep})
 
 
 def data_version(store: Store, sweep_id: int) -> tuple[Any, ...]:

@@ -139,15 +139,19 @@ class Reads(StoreBase):
             return None
         return json.loads(row[0]) if isinstance(row[0], str) else row[0]
 
+    def sweep_names(self) -> list[str]:
+        """Names of every sweep, sorted."""
+        from sqlalchemy import select
+
+        s = Sweep.__table__
+        with self._read() as conn:
+            return list(conn.execute(select(s.c.name).order_by(s.c.name)).scalars())
+
     def require_sweep(self, name: str) -> int:
         """The id of sweep ``name``; a QkgeomError listing the existing sweeps otherwise."""
         sid = self.sweep_id(name)
         if sid is None:
-            from sqlalchemy import select
-
-            s = Sweep.__table__
-            with self._read() as conn:
-                names = list(conn.execute(select(s.c.name).order_by(s.c.name)).scalars())
+            names = self.sweep_names()
             have = ", ".join(names) if names else "none yet"
             raise QkgeomError(f"no sweep named {name!r} in {self.safe_url}; sweeps: {have}")
         return sid

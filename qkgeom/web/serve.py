@@ -151,7 +151,7 @@ class Server:
     # ------------------------------------------------------------------ helpers
     def study(self, name: str) -> Study:
         if self.store.sweep_id(name) is None:
-            have = ", ".join(A.sweep_names(self.store)) or "(none yet)"
+            have = ", ".join(self.store.sweep_names()) or "(none yet)"
             raise NotFound(f"no sweep named {name!r} in this database; sweeps: {have}")
         return Study(self.store, name)
 
@@ -238,7 +238,7 @@ class Server:
     def index(self, req: Request) -> Response:
         refresh = self._refresh(req)
         rows = []
-        for name in A.sweep_names(self.store):
+        for name in self.store.sweep_names():
             p = Study(self.store, name).progress()
             rows.append(f"<tr><td><a href='/sweeps/{_e(quote(name, safe=''))}'>{_e(name)}</a></td>"
                         f"<td class='num'>{p['n_trials']}</td>"
