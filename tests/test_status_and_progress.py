@@ -10,6 +10,7 @@ import re
 from click.testing import CliRunner
 
 from qkgeom.cli import main
+from qkgeom.plan.pairing import baseline_rows
 from qkgeom.records import ProbeRecord
 
 pytest_plugins = ["store_fixtures"]  # db_url (SQLite and PostgreSQL)
@@ -72,7 +73,7 @@ def test_status_json_for_every_state(tmp_path):
 
 
 def test_sweep_side_reads_on_both_backends(store):
-    """Store.last_probes / snapshot_counts / layer_metric_rows against hand-planted rows:
+    """Store.last_probes / snapshot_counts / pairing.baseline_rows against hand-planted rows:
     one sweep's reads never see another sweep's trials, NaN comes back as None, head-level
     rows and resume checkpoints are not counted."""
     nan = math.nan
@@ -101,12 +102,12 @@ def test_sweep_side_reads_on_both_backends(store):
     assert store.last_probes(sid_b) == {b0: (60, 8.0)}
     assert store.snapshot_counts(sid_a) == {a0: 2}
     assert store.snapshot_counts(sid_b) == {b0: 1}
-    rows = store.layer_metric_rows([a0, b0, a1 + b0 + 100], "pr_wk")
-    assert rows == {a0: [(0, 0, 10.0), (0, 1, 20.0), (20, 0, 30.0), (20, 1, 40.0),
-                         (40, 0, 50.0), (40, 1, 60.0)],
-                    b0: [(0, 0, 10.0), (0, 1, 20.0), (60, 0, 70.0), (60, 1, 80.0)]}
-    assert store.layer_metric_rows([a1], "pr_k") == {a1: [(0, 0, None)]}
-    assert store.layer_metric_rows([], "pr_wk") == {}
+    assert baseline_rows(store, a0, "pr_wk") == [(0, 0, 10.0), (0, 1, 20.0), (20, 0, 30.0),
+                                                (20, 1, 40.0), (40, 0, 50.0), (40, 1, 60.0)]
+    assert baseline_rows(store, b0, "pr_wk") == [(0, 0, 10.0), (0, 1, 20.0), (60, 0, 70.0),
+                                                (60, 1, 80.0)]
+    assert baseline_rows(store, a1, "pr_k") == [(0, 0, None)]
+    assert baseline_rows(store, a1 + b0 + 100, "pr_wk") == []
 
 
 def test_status_table_shows_errors_of_failed_and_waiting_trials(tmp_path):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +35,17 @@ if TYPE_CHECKING:
     from qkgeom.store import Store
 
 FINISHED = "terminated"
+
+
+def baseline_rows(store: Store, trial_id: int, metric: str
+                  ) -> list[tuple[int, int, float | None]]:
+    """The layer-level ``(step, layer, value)`` rows of ``metric`` of trial ``trial_id``
+    (:func:`qkgeom.store.queries.layer_values`), ordered by step and layer; a NaN value
+    (stored NULL) is None. What an arm's target is filled from."""
+    from qkgeom.store.queries import layer_values
+
+    df = layer_values(store, [trial_id], [metric]).select("step", "layer", "value")
+    return sorted((int(s), int(la), None if math.isnan(v) else v) for s, la, v in df.iter_rows())
 
 
 def target_digest(baseline_pr: Any) -> str:
@@ -104,7 +116,7 @@ def arrange_arms(store: Store, sweep: str, arms: list[TrialSpec]) -> ArmPlan:
         need.setdefault((b, baseline_metric(t.config)), []).append(t)
     for (b, metric), ts in need.items():
         brow = rows[b]
-        prs = store.layer_metric_rows([brow["id"]], metric).get(brow["id"], [])
+        prs = baseline_rows(store, brow["id"], metric)
         for t in ts:
             cfg = fill_baseline_pr(t.config, prs)
             ref = {"trial": b, "attempt": int(brow["attempts"] or 0), "metric": metric,
@@ -178,8 +190,7 @@ def inconsistent_pairs(store: Store, sweep: str, arm_ids: list[int] | None = Non
             continue
         metric = baseline_metric(r["config"])
         if (b, metric) not in cache:
-            cache[(b, metric)] = store.layer_metric_rows([brow["id"]], metric).get(
-                brow["id"], [])
+            cache[(b, metric)] = baseline_rows(store, brow["id"], metric)
         try:
             want = target_digest(fill_baseline_pr(r["config"], cache[(b, metric)])
                                  ["baseline_pr"])

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -296,28 +295,6 @@ class Reads(StoreBase):
         return ExportedFile(name=name, path=path, rows=rows)
 
     # ------------------------------------------------------------------ sweep-side reads
-    def layer_metric_rows(self, trial_ids: Sequence[int], metric: str
-                          ) -> dict[int, list[tuple[int, int, float | None]]]:
-        """trial id -> its layer-level rows ``(step, layer, value)`` of ``metric``
-        (``head`` NULL), ordered by step and layer; a NaN value (stored NULL) is None.
-        A trial without such rows is absent."""
-        from sqlalchemy import bindparam, select
-
-        m = ProbeMetric.__table__
-        q = (select(m.c.trial_id, m.c.step, m.c.layer, m.c.value)
-             .where(m.c.trial_id.in_(bindparam("trial_ids", expanding=True)),
-                    m.c.metric == bindparam("metric"), m.c.head.is_(None))
-             .order_by(m.c.trial_id, m.c.step, m.c.layer))
-        out: dict[int, list[tuple[int, int, float | None]]] = {}
-        if not trial_ids:
-            return out
-        with self._read() as conn:
-            rows = conn.execute(q, {"trial_ids": [int(t) for t in trial_ids],
-                                    "metric": metric}).all()
-        for tid, step, layer, value in rows:
-            out.setdefault(int(tid), []).append((int(step), int(layer), value))
-        return out
-
     def last_probes(self, sweep_id: int) -> dict[int, tuple[int, float | None]]:
         """trial id -> ``(step, val_loss)`` of its last probe, for the trials of a sweep
         that have one (val_loss None when stored as NULL)."""
