@@ -1,5 +1,7 @@
-"""The study's read-side queries: every SELECT that :mod:`qkgeom.analysis` and
-:class:`qkgeom.report.study.Study` run, each a named function over the tables and views.
+"""The study's read-side queries over the views: the SELECTs of :mod:`qkgeom.analysis` and
+:class:`qkgeom.report.study.Study` that :class:`~qkgeom.store.Store` (reads of the tables:
+sweeps, trials, last probes, ...) has no method for, each a named function. One query
+lives in one place: a read that is a Store method is not repeated here.
 
 Values always reach SQL as bound parameters; IN lists are expanding bind parameters
 (``bindparam(name, expanding=True)``), never text built from values. Each function takes
