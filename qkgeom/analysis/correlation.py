@@ -10,6 +10,7 @@ import polars as pl
 
 from qkgeom import stats
 from qkgeom.analysis.common import AnalysisError, make_rng, require_rows
+from qkgeom.analysis.scope import scope_fields
 from qkgeom.analysis.trials import check_metric, select_trials
 from qkgeom.records import METRICS
 from qkgeom.store.queries import layer_values
@@ -65,7 +66,7 @@ class CorrelationReport:
     seed: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {"sweep": self.sweep, "x": self.x, "y": self.y, "method": "spearman",
+        return {**scope_fields(self.sweep), "x": self.x, "y": self.y, "method": "spearman",
                 "unit": "one point per (trial, probe, layer)",
                 "bootstrap": "cluster bootstrap over trials", "seed": self.seed,
                 **self.overall.to_dict(), "by_depth": self.by_depth}

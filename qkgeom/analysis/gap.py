@@ -21,6 +21,7 @@ from qkgeom.analysis.common import (
     unit_keys,
     wide,
 )
+from qkgeom.analysis.scope import scope_fields
 from qkgeom.analysis.trials import select_trials
 from qkgeom.stats.rules import LATE_FROM
 from qkgeom.store.queries import layer_values
@@ -178,7 +179,7 @@ class SignTestReport:
     collapse: dict[str, Any] | None = None  # where the collapse points lie (window collapse)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"sweep": self.sweep, "level": self.level, "summary": self.summary,
+        return {**scope_fields(self.sweep), "level": self.level, "summary": self.summary,
                 "window": self.window, "window_label": window_label(self.window),
                 "collapse": self.collapse,
                 "statistic": "PR_Q - PR_K", **self.result.to_dict(),
@@ -229,7 +230,7 @@ class SlopesReport:
     collapse: dict[str, Any] | None = None
 
     def to_dict(self, *, with_table: bool = False) -> dict[str, Any]:
-        d: dict[str, Any] = {"sweep": self.sweep, "level": self.level,
+        d: dict[str, Any] = {**scope_fields(self.sweep), "level": self.level,
                              "unit": "value per unit of training progress (step/max_steps)",
                              "window": self.window, "window_label": window_label(self.window),
                              "collapse": self.collapse}

@@ -17,7 +17,8 @@ from qkgeom.analysis.common import (
     AnalysisError,
     make_rng,
 )
-from qkgeom.analysis.trials import check_metric, select_trials, sweep_trials
+from qkgeom.analysis.scope import scope_fields, sweep_name
+from qkgeom.analysis.trials import check_metric, require_one_cell, select_trials, sweep_trials
 from qkgeom.store.queries import layer_values
 
 if TYPE_CHECKING:
@@ -87,7 +88,7 @@ def paired_trials(store: Store, sweep: str, *, arm: str, baseline: str,
     if baseline == BASELINE_ARM:  # an arm trained against another baseline run: refuse
         from qkgeom.plan.pairing import inconsistent_pairs
 
-        bad = inconsistent_pairs(store, sweep, t_arm["trial_id"].to_list())
+        bad = inconsistent_pairs(store, sweep_name(sweep), t_arm["trial_id"].to_list())
         if bad:
             raise AnalysisError(
                 f"{len(bad)} {arm!r} trial(s) cannot be paired: {bad[0]}"
@@ -190,7 +191,8 @@ def intervention_values(store: Store, sweep: str, *, arm: str, baseline: str,
                         metrics: list[str]) -> pl.DataFrame | None:
     """Layer rows of ``metrics`` for the arm's trials and the baseline trials in the arm's
     (depth, init) cells, read in one query (None when the arm has no trials)."""
-    t = sweep_trials(store, sweep)
+    t = sweep_trials(store, sweep, "cell")
+    require_one_cell(t, sweep)
     a = t.filter(pl.col("arm") == arm)
     if a.height == 0:
         return None
@@ -220,7 +222,7 @@ class DirectionalReport:
 
     def to_dict(self) -> dict[str, Any]:
         p = self.deltas
-        d: dict[str, Any] = {"sweep": p.sweep, "arm": p.arm, "baseline": p.baseline,
+        d: dict[str, Any] = {**scope_fields(p.sweep), "arm": p.arm, "baseline": p.baseline,
                              "metric": p.metric, "window": p.window, "seed": self.seed,
                              "ci_method": "BCa", **self.result.to_dict(),
                              "pairs": p.table.select("depth", "init", "seed", "arm_value",

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from qkgeom.analysis.common import BASELINE_ARM, AnalysisError
+from qkgeom.analysis.scope import Scope, check_scope, parse_seeds, parse_where, sweep_name
 from qkgeom.records import METRICS
 from qkgeom.store.queries import metric_definition_names
 
@@ -53,24 +54,56 @@ def check_metric(store: Store, name: str) -> str:
     return name
 
 
-def sweep_trials(store: Store, sweep: str, *more: str) -> pl.DataFrame:
-    """One row per trial of ``sweep`` (:meth:`Store.trials`, ordered by id): trial_id,
-    depth, init, arm, seed, status, then the columns ``more`` of :meth:`Store.trials`."""
-    return store.trials(sweep).select(pl.col("id").alias("trial_id"), "depth", "init", "arm",
-                                      "seed", "status", *more)
+def _parsed(c: Any) -> dict[str, Any]:
+    return json.loads(c) if isinstance(c, str) else (c or {})
 
 
-def trial_rows(store: Store, sweep: str) -> list[dict[str, Any]]:
+def _in_scope(store: Store, sweep: str | Scope) -> pl.DataFrame:
+    """:meth:`Store.trials` of the sweep, narrowed to the scope's trials."""
+    t = store.trials(sweep_name(sweep))
+    if isinstance(sweep, Scope) and sweep.filtered and t.height:
+        rows = t.select("depth", "init", "arm", "seed", "status", "cell",
+                        "config").to_dicts()
+        keep = [sweep.keep({**r, "config": _parsed(r["config"])}) for r in rows]
+        t = t.filter(pl.Series(keep, dtype=pl.Boolean))
+    return t
+
+
+def sweep_trials(store: Store, sweep: str | Scope, *more: str) -> pl.DataFrame:
+    """One row per trial of ``sweep`` (a name, or a :class:`~qkgeom.analysis.scope.Scope`
+    that narrows it; :meth:`Store.trials`, ordered by id): trial_id, depth, init, arm,
+    seed, status, then the columns ``more`` of :meth:`Store.trials`."""
+    return _in_scope(store, sweep).select(pl.col("id").alias("trial_id"), "depth", "init",
+                                          "arm", "seed", "status", *more)
+
+
+def trial_rows(store: Store, sweep: str | Scope) -> list[dict[str, Any]]:
     """Every trial of ``sweep`` as a dict: trial_id, depth, init, arm, seed, status,
-    test_loss (None until finished) and config (parsed)."""
-    rows = sweep_trials(store, sweep, "test_loss", "config").to_dicts()
+    test_loss (None until finished), cell and config (parsed)."""
+    rows = sweep_trials(store, sweep, "test_loss", "cell", "config").to_dicts()
     for r in rows:
-        c = r["config"]
-        r["config"] = json.loads(c) if isinstance(c, str) else (c or {})
+        r["config"] = _parsed(r["config"])
         tl = r["test_loss"]
         r["test_loss"] = None if tl is None or (isinstance(tl, float) and math.isnan(tl)) \
             else float(tl)
     return rows
+
+
+def resolve_scope(store: Store, sweep: str | None, where: tuple[str, ...] | list[str] = (),
+                  seeds: str | None = None) -> Scope:
+    """The trials to analyse: the sweep (:func:`resolve_sweep`) narrowed by ``--where``
+    conditions and ``--seeds``, each checked against the sweep's trials (one-line errors
+    for an unknown factor, a value or seed no trial has, or an empty selection)."""
+    scope = Scope(resolve_sweep(store, sweep), parse_where(where), parse_seeds(seeds))
+    if scope.filtered:
+        check_scope(scope, trial_rows(store, scope.name))
+    return scope
+
+
+def cells_of(store: Store, sweep: str | Scope) -> list[str]:
+    """The distinct cell labels of the scope's trials (empty for a sweep without cells)."""
+    t = _in_scope(store, sweep)
+    return sorted({c for c in t["cell"].to_list() if c is not None})
 
 
 # (config key, label) of what the report states about a study's scale and optimiser
@@ -117,21 +150,23 @@ def test_loss_pairs(store: Store, sweep: str, *, arm: str, baseline: str = BASEL
     """Final test loss of each finished ``arm`` trial beside its paired baseline (same
     depth, init and seed): depth, init, seed, arm_test_loss, baseline_test_loss."""
     rows = [r for r in trial_rows(store, sweep) if r["status"] == "terminated"]
-    base = {(r["depth"], r["init"], r["seed"]): r["test_loss"] for r in rows
+    base = {(r["cell"], r["depth"], r["init"], r["seed"]): r["test_loss"] for r in rows
             if r["arm"] == baseline}
     return [{"depth": r["depth"], "init": r["init"], "seed": r["seed"],
              "arm_test_loss": r["test_loss"],
-             "baseline_test_loss": base.get((r["depth"], r["init"], r["seed"]))}
+             "baseline_test_loss": base.get((r["cell"], r["depth"], r["init"], r["seed"]))}
             for r in rows if r["arm"] == arm]
 
 
 def select_trials(store: Store, sweep: str, *, arms: list[str] | None = None,
                    depth: int | None = None, init: str | None = None,
                    finished_only: bool = True) -> pl.DataFrame:
-    t = sweep_trials(store, sweep)
+    t = sweep_trials(store, sweep, "cell")
     if t.height == 0:
         raise AnalysisError(f"sweep {sweep!r} has no trials yet; run it with "
                             f"`qkgeom sweep` first")
+    require_one_cell(t, sweep)
+    t = t.drop("cell")
     what = []
     if arms is not None:
         t = t.filter(pl.col("arm").is_in(arms))
@@ -161,6 +196,19 @@ def select_trials(store: Store, sweep: str, *, arms: list[str] | None = None,
                 "analyse partial runs")
         t = done
     return t
+
+
+def require_one_cell(t: pl.DataFrame, sweep: str | Scope) -> None:
+    """Refuse to pool trials of several cells (factor settings) into one statistic: its
+    units, pairs and calibrated error rates are those of one cell."""
+    cells = sorted({c for c in t["cell"].to_list() if c is not None})
+    if len(cells) > 1:
+        shown = ", ".join(cells[:6]) + (f" (and {len(cells) - 6} more)" if len(cells) > 6
+                                        else "")
+        raise AnalysisError(
+            f"sweep {sweep!r} has {len(cells)} cells ({shown}); a statistic reads one: "
+            f"pick it with --where cell={cells[0]} (or by its factors, e.g. --where "
+            "n_embd=48), or run `qkgeom report`, which decides every claim in every cell")
 
 
 def arms_summary(store: Store, sweep: str) -> pl.DataFrame:

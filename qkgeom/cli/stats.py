@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -26,11 +27,43 @@ SWEEP_HELP = "sweep name (optional when the database holds exactly one sweep)"
 table_or_json = format_option("table", "json", dest="fmt")
 
 
+WHERE_HELP = ("only trials whose factor takes this value (repeatable; values joined by "
+              "commas are alternatives): a config key (n_embd=48, lr=0.001,0.003), cell, "
+              "depth, init or arm")
+
+
+@dataclass(frozen=True)
+class SweepChoice:
+    """What --sweep, --where and --seeds asked for, resolved against the database by
+    :meth:`resolve` (to a :class:`qkgeom.analysis.Scope`)."""
+
+    name: str | None
+    where: tuple[str, ...] = ()
+    seeds: str | None = None
+
+    def resolve(self, store: Store) -> Any:
+        from qkgeom import analysis as A
+
+        return A.resolve_scope(store, self.name, self.where, self.seeds)
+
+
 def sweep_options(f: Callable) -> Callable:
-    f = click.option("--include-unfinished", is_flag=True,
-                     help="also use trials that have not terminated (partial runs)")(f)
-    f = click.option("--sweep", default=None, metavar="NAME", help=SWEEP_HELP)(f)
-    return db_option(f)
+    """--db, --sweep, --where, --seeds and --include-unfinished; the command receives
+    ``sweep`` as a :class:`SweepChoice`."""
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, sweep: str | None, where: tuple[str, ...], seeds: str | None,
+                **kwargs: Any) -> Any:
+        return f(*args, sweep=SweepChoice(sweep, tuple(where), seeds), **kwargs)
+
+    w: Callable = wrapper
+    w = click.option("--include-unfinished", is_flag=True,
+                     help="also use trials that have not terminated (partial runs)")(w)
+    w = click.option("--seeds", default=None, metavar="S[,S...]",
+                     help="only trials of these seeds (e.g. 0,1)")(w)
+    w = click.option("--where", multiple=True, metavar="FACTOR=VALUE", help=WHERE_HELP)(w)
+    w = click.option("--sweep", default=None, metavar="NAME", help=SWEEP_HELP)(w)
+    return db_option(w)
 
 
 def window_option(f: Callable) -> Callable:
@@ -112,7 +145,7 @@ def stats_group() -> None:
 @window_option
 @table_or_json
 @_body
-def sign_test_cmd(db: str | None, sweep: str | None, include_unfinished: bool, summary: str,
+def sign_test_cmd(db: str | None, sweep: SweepChoice, include_unfinished: bool, summary: str,
                   level: str, depth: int | None, init: str | None, window: str,
                   fmt: str) -> None:
     """One-sided exact sign test that PR_Q - PR_K > 0 (geometry trials, arm none).
@@ -124,7 +157,7 @@ def sign_test_cmd(db: str | None, sweep: str | None, include_unfinished: bool, s
 
     win = A.parse_window(window)
     with _store(db) as store:
-        name = A.resolve_sweep(store, sweep)
+        name = sweep.resolve(store)
         rep = A.sign_test(store, name, summary=summary, level=level, depth=depth, init=init,
                           finished_only=not include_unfinished, window=win)
     d = rep.to_dict()
@@ -156,7 +189,7 @@ def sign_test_cmd(db: str | None, sweep: str | None, include_unfinished: bool, s
 @window_option
 @table_or_json
 @_body
-def slopes_cmd(db: str | None, sweep: str | None, include_unfinished: bool, level: str,
+def slopes_cmd(db: str | None, sweep: SweepChoice, include_unfinished: bool, level: str,
                depth: int | None, init: str | None, window: str, fmt: str) -> None:
     """Least-squares slopes of PR_Q and PR_K against training progress, per unit, over the
     probes of the --from window."""
@@ -164,7 +197,7 @@ def slopes_cmd(db: str | None, sweep: str | None, include_unfinished: bool, leve
 
     win = A.parse_window(window)
     with _store(db) as store:
-        name = A.resolve_sweep(store, sweep)
+        name = sweep.resolve(store)
         rep = A.slopes(store, name, level=level, depth=depth, init=init,
                        finished_only=not include_unfinished, window=win)
     d = rep.to_dict(with_table=True)
@@ -206,7 +239,7 @@ def _collapse_line(c: dict[str, Any]) -> str:
 @click.option("--per-layer", is_flag=True, help="also break the effect down by layer")
 @table_or_json
 @_body
-def directional_cmd(db: str | None, sweep: str | None, include_unfinished: bool, arm: str,
+def directional_cmd(db: str | None, sweep: SweepChoice, include_unfinished: bool, arm: str,
                     baseline: str, metric: str, window: int, boot: int, seed: int,
                     predicted_sign: str | None, per_layer: bool, fmt: str) -> None:
     """Paired effect of an intervention arm vs the baseline, with bootstrap confidence.
@@ -219,7 +252,7 @@ def directional_cmd(db: str | None, sweep: str | None, include_unfinished: bool,
     from qkgeom import analysis as A
 
     with _store(db) as store:
-        name = A.resolve_sweep(store, sweep)
+        name = sweep.resolve(store)
         rep = A.directional(store, name, arm=arm, baseline=baseline, metric=metric,
                             window=window, n_boot=boot, seed=seed,
                             predicted_sign=None if predicted_sign is None else int(predicted_sign),
@@ -270,7 +303,7 @@ def directional_cmd(db: str | None, sweep: str | None, include_unfinished: bool,
 @click.option("--seed", type=int, default=0, show_default=True, help="bootstrap rng seed")
 @table_or_json
 @_body
-def correlate_cmd(db: str | None, sweep: str | None, include_unfinished: bool, x: str, y: str,
+def correlate_cmd(db: str | None, sweep: SweepChoice, include_unfinished: bool, x: str, y: str,
                   arm: str | None, boot: int, seed: int, fmt: str) -> None:
     """Spearman correlation of two metrics across probes and runs, overall and per depth.
 
@@ -281,7 +314,7 @@ def correlate_cmd(db: str | None, sweep: str | None, include_unfinished: bool, x
     from qkgeom import analysis as A
 
     with _store(db) as store:
-        name = A.resolve_sweep(store, sweep)
+        name = sweep.resolve(store)
         rep = A.correlate(store, name, x=x, y=y, n_boot=boot, seed=seed, arm=arm,
                           finished_only=not include_unfinished)
     d = rep.to_dict()
@@ -345,7 +378,7 @@ def checkpoint_trend_cmd(db: str | None, model: str, fmt: str) -> None:
 @click.option("--y", "y", default="entropy", show_default=True, help="correlation: y metric")
 @table_or_json
 @_body
-def plot_cmd(kind: str, db: str | None, sweep: str | None, include_unfinished: bool, out: str,
+def plot_cmd(kind: str, db: str | None, sweep: SweepChoice, include_unfinished: bool, out: str,
              x: str, y: str, fmt: str) -> None:
     """Draw the trajectories, the intervention arms or a correlation scatter."""
     from qkgeom import analysis as A
@@ -353,7 +386,7 @@ def plot_cmd(kind: str, db: str | None, sweep: str | None, include_unfinished: b
 
     fin = not include_unfinished
     with _store(db) as store:
-        name = A.resolve_sweep(store, sweep)
+        name = sweep.resolve(store)
         if kind == "trajectories":
             chart = plots.trajectories(A.trajectory_frame(store, name, finished_only=fin))
         elif kind == "intervention":
@@ -366,7 +399,7 @@ def plot_cmd(kind: str, db: str | None, sweep: str | None, include_unfinished: b
                                                                    pts[y].to_numpy()))
     path = plots.save_chart(chart, out)
     if fmt == "json":
-        print_json({"sweep": name, "kind": kind, "out": str(path)})
+        print_json({**A.scope_fields(name), "kind": kind, "out": str(path)})
     else:
         click.echo(f"wrote {path}")
 
@@ -380,7 +413,7 @@ def plot_cmd(kind: str, db: str | None, sweep: str | None, include_unfinished: b
               help="bootstrap resamples for directional confidence")
 @table_or_json
 @_body
-def report_cmd(db: str | None, sweep: str | None, include_unfinished: bool, out: str,
+def report_cmd(db: str | None, sweep: SweepChoice, include_unfinished: bool, out: str,
                seed: int, boot: int, fmt: str) -> None:
     """Write the study report: every claim of the paper beside its measured verdict.
 
@@ -391,14 +424,22 @@ def report_cmd(db: str | None, sweep: str | None, include_unfinished: bool, out:
     from qkgeom.report.render import build_report
 
     with _store(db) as store:
-        name = A.resolve_sweep(store, sweep)
+        name = sweep.resolve(store)
         paths = build_report(store, name, out, seed=seed, n_boot=boot,
                              finished_only=not include_unfinished)
-    claims = json.loads(next(p for p in paths if p.name == "report.json").read_text())["claims"]
+    data = json.loads(next(p for p in paths if p.name == "report.json").read_text())
+    cells = data.get("cells") or [{"label": None, "claims": data["claims"]}]
+    by_cell = {c["label"]: {k["key"]: k["verdict"] for k in c["claims"]} for c in cells}
     if fmt == "json":
-        print_json({"sweep": name, "out": out, "files": [str(p) for p in paths],
-                    "verdicts": {c["key"]: c["verdict"] for c in claims}})
+        print_json({**A.scope_fields(name), "out": out, "files": [str(p) for p in paths],
+                    "verdicts": by_cell[None] if None in by_cell else by_cell})
         return
     for p in paths:
         click.echo(f"wrote {p}")
-    click.echo(table([{"claim": c["key"], "verdict": c["verdict"]} for c in claims]))
+    if None in by_cell:
+        click.echo(table([{"claim": k, "verdict": v} for k, v in by_cell[None].items()]))
+    else:
+        click.echo(table([{"cell": c, **v} for c, v in by_cell.items()]))
+        for row in data.get("sensitivity", []):
+            click.echo(f"{row.pop('claim')}: " + "; ".join(
+                f"{k}: {v}" for k, v in row.items()))

@@ -177,7 +177,7 @@ class Reads(StoreBase):
             "created_at": pl.Datetime("us"), "started_at": pl.Datetime("us"),
             "ended_at": pl.Datetime("us"), "host": pl.String, "device": pl.String,
             "test_loss": pl.Float64, "baseline_ref": pl.String,
-            "heartbeat_at": pl.Datetime("us"),
+            "heartbeat_at": pl.Datetime("us"), "cell": pl.String,
         }
         return pl.DataFrame(rows, schema=schema, orient="row" if not rows else None)
 
