@@ -1,0 +1,150 @@
+"""Filters on a sweep's trials (``--where FACTOR=VALUE``, ``--seeds``) and statistics on a
+sweep with cells, driven through the CLI as a user runs them, on a synthetic two-cell
+sweep whose answers are known; and the sensitivity table on hand-made cell verdicts."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from qkgeom.records import ProbeRecord
+from qkgeom.report.claims import FAILS, HOLDS
+from qkgeom.report.sensitivity import CellVerdicts, Factor, flips, sensitivity_table
+
+STEPS = [0, 50, 100]
+# cell -> (config factors, PR_Q - PR_K planted in every layer and probe)
+CELLS = {"e48": ({"n_embd": 48, "lr": 0.001}, 1.0), "e64": ({"n_embd": 64, "lr": 0.001}, -1.0)}
+INITS = ("gaussian", "tied")
+SEEDS = (0, 1, 2)
+
+
+@pytest.fixture(scope="module")
+def two_cells(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from qkgeom.store import open_store
+
+    url = "sqlite:///" + str(tmp_path_factory.mktemp("cells") / "cells.db")
+    with open_store(url) as store:
+        sid = store.ensure_sweep("ladder", {"synthetic": True}, "synthetic")
+        for cell, (factors, gap) in CELLS.items():
+            for init in INITS:
+                for seed in SEEDS:
+                    cfg = {**factors, "max_steps": 100, "n_layer": 2, "init": init,
+                           "seed": seed}
+                    tid = store.ensure_trial(sid, f"{cell}.d2-{init}-none-s{seed}", cfg,
+                                             depth=2, init=init, arm="none", seed=seed,
+                                             cell=cell)
+                    recs = [ProbeRecord(step=s, progress=s / 100, tokens=s,
+                                        train_loss=float("nan"), val_loss=1.0, lr=1e-3,
+                                        tokens_per_s=0.0,
+                                        metrics=[m for layer in range(2) for m in (
+                                            (layer, None, "pr_q", 5.0 + gap + 0.01 * seed),
+                                            (layer, None, "pr_k", 5.0))])
+                            for s in STEPS]
+                    store.write_probes(tid, recs)
+                    store.set_trial_status(tid, "terminated")
+    return url
+
+
+def run(*args: str) -> tuple[int, str]:
+    from qkgeom.cli import main
+
+    r = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    return r.exit_code, r.output
+
+
+def sign(url: str, *extra: str) -> dict:
+    code, out = run("stats", "sign-test", "--db", url, "--sweep", "ladder", *extra,
+                    "--format", "json")
+    assert code == 0, out
+    return json.loads(out)
+
+
+def digest(url: str) -> str:
+    return hashlib.sha256(Path(url.removeprefix("sqlite:///")).read_bytes()).hexdigest()
+
+
+def test_where_picks_one_cell_and_the_answer_is_that_cells(two_cells):
+    before = digest(two_cells)
+    pos = sign(two_cells, "--where", "n_embd=48")
+    # a trajectory is a (depth, init, layer), averaged over seeds: 2 inits x 2 layers
+    n = len(INITS) * 2
+    assert (pos["n"], pos["n_positive"], pos["p_value"]) == (n, n, 2.0 ** -n)
+    assert pos["sweep"] == "ladder" and pos["where"] == {"n_embd": ["48"]}
+    neg = sign(two_cells, "--where", "cell=e64")
+    assert (neg["n"], neg["n_positive"], neg["p_value"]) == (n, 0, 1.0)
+    two = sign(two_cells, "--where", "n_embd=48", "--seeds", "0,1")
+    assert (two["n"], two["n_positive"]) == (n, n)
+    assert two["seeds"] == [0, 1]
+    # lr=1e-3 is the stored 0.001: numbers compare as numbers
+    one = sign(two_cells, "--where", "lr=1e-3", "--where", "n_embd=64", "--where",
+               "init=tied")
+    assert (one["n"], one["n_positive"]) == (2, 0)  # tied's two layers
+    assert digest(two_cells) == before  # filters select; nothing is written
+
+
+@pytest.mark.parametrize("extra, message", [
+    ((), "has 2 cells (e48, e64); a statistic reads one: pick it with --where cell=e48"),
+    (("--where", "lr=0.001"), "has 2 cells"),
+    (("--where", "n_emb=48"), "has no factor 'n_emb' (did you mean 'n_embd'?)"),
+    (("--where", "n_embd=50"), "no trial of sweep 'ladder' has that value; values "
+                               "present: 48, 64"),
+    (("--where", "n_embd"), "expected FACTOR=VALUE"),
+    (("--seeds", "0,7"), "has no seed 7; seeds present: 0, 1, 2"),
+    (("--seeds", "a"), "expected integers separated by commas"),
+    (("--where", "n_embd=48", "--where", "cell=e64"), "together none"),
+])
+def test_bad_filters_and_pooled_cells_are_refused_in_one_line(two_cells, extra, message):
+    before = digest(two_cells)
+    code, out = run("stats", "sign-test", "--db", two_cells, "--sweep", "ladder", *extra)
+    assert code != 0 and message in out, out
+    assert "Traceback" not in out and len(out.strip().splitlines()) == 1, out
+    assert digest(two_cells) == before
+
+
+def test_every_statistic_takes_the_filter(two_cells):
+    code, out = run("stats", "slopes", "--db", two_cells, "--sweep", "ladder", "--where",
+                    "cell=e48", "--format", "json")
+    assert code == 0, out
+    assert json.loads(out)["where"] == {"cell": ["e48"]}
+
+
+# ------------------------------------------------------------------- sensitivity table
+
+def cells(verdicts: dict[tuple[int, float], str]) -> list[CellVerdicts]:
+    return [CellVerdicts(f"e{w}-lr{lr:g}", {"n_embd": w, "lr": lr}, {"2": v})
+            for (w, lr), v in verdicts.items()]
+
+
+FACTORS = [Factor("n_embd", ("block_size",)), Factor("lr", ("min_lr",))]
+
+
+def test_sensitivity_flips_where_one_factor_changes_the_verdict_at_fixed_others():
+    # holds only at width 64, lr 0.003: along n_embd it flips at lr=0.003 (48 -> 64) and
+    # not at lr=0.001; along lr it flips at n_embd=64 only
+    c = cells({(32, 1e-3): FAILS, (48, 1e-3): FAILS, (64, 1e-3): FAILS,
+               (32, 3e-3): FAILS, (48, 3e-3): FAILS, (64, 3e-3): HOLDS})
+    assert flips(c, "2", "n_embd", ["n_embd", "lr"]) == (2, ["lr=0.003"])
+    assert flips(c, "2", "lr", ["n_embd", "lr"]) == (3, ["n_embd=64"])
+    (row,) = sensitivity_table(c, ["2"], FACTORS)
+    assert row == {"claim": "2", "decided cells": "6 of 6",
+                   "n_embd (with block_size)": "flips (at lr=0.003)",
+                   "lr (with min_lr)": "flips (at n_embd=64)"}
+
+
+def test_sensitivity_is_stable_or_not_compared_when_nothing_flips():
+    same = cells({(32, 1e-3): FAILS, (48, 1e-3): FAILS, (32, 3e-3): FAILS,
+                  (48, 3e-3): FAILS})
+    (row,) = sensitivity_table(same, ["2"], FACTORS)
+    assert row["n_embd (with block_size)"] == "stable (2 comparisons)"
+    assert row["lr (with min_lr)"] == "stable (2 comparisons)"
+    # undecided cells are left out: no two decided cells differ in lr alone
+    part = cells({(32, 1e-3): FAILS, (48, 1e-3): HOLDS, (32, 3e-3): "undecided",
+                  (48, 3e-3): "undecided"})
+    (row,) = sensitivity_table(part, ["2"], FACTORS)
+    assert row == {"claim": "2", "decided cells": "2 of 4",
+                   "n_embd (with block_size)": "flips (at lr=0.001)",
+                   "lr (with min_lr)": "not compared"}
