@@ -18,7 +18,7 @@ from qkgeom.report.sensitivity import CellVerdicts, Factor, flips, sensitivity_t
 STEPS = [0, 50, 100]
 # cell -> (config factors, PR_Q - PR_K planted in every layer and probe)
 CELLS = {"e48": ({"n_embd": 48, "lr": 0.001}, 1.0), "e64": ({"n_embd": 64, "lr": 0.001}, -1.0)}
-INITS = ("gaussian", "tied")
+INITS = ("gaussian", "tied", "orthogonal")  # 3 x 2 layers: 6 trajectories, p = 1/64
 SEEDS = (0, 1, 2)
 
 
@@ -70,7 +70,7 @@ def digest(url: str) -> str:
 def test_where_picks_one_cell_and_the_answer_is_that_cells(two_cells):
     before = digest(two_cells)
     pos = sign(two_cells, "--where", "n_embd=48")
-    # a trajectory is a (depth, init, layer), averaged over seeds: 2 inits x 2 layers
+    # a trajectory is a (depth, init, layer), averaged over seeds: 3 inits x 2 layers
     n = len(INITS) * 2
     assert (pos["n"], pos["n_positive"], pos["p_value"]) == (n, n, 2.0 ** -n)
     assert pos["sweep"] == "ladder" and pos["where"] == {"n_embd": ["48"]}
@@ -110,6 +110,26 @@ def test_every_statistic_takes_the_filter(two_cells):
                     "cell=e48", "--format", "json")
     assert code == 0, out
     assert json.loads(out)["where"] == {"cell": ["e48"]}
+
+
+def test_report_decides_each_cell_alone_and_finds_the_factor_that_flips(two_cells, tmp_path):
+    before = digest(two_cells)
+    code, out = run("report", "--db", two_cells, "--sweep", "ladder", "--out",
+                    str(tmp_path), "--boot", "200", "--format", "json")
+    assert code == 0, out
+    verdicts = json.loads(out)["verdicts"]
+    # every trajectory positive in e48 (6 of 6, p = 1/64), none in e64
+    assert (verdicts["e48"]["2-gap"], verdicts["e64"]["2-gap"]) == (HOLDS, FAILS)
+    rep = json.loads((tmp_path / "report.json").read_text())
+    assert [c["label"] for c in rep["cells"]] == ["e48", "e64"]
+    assert rep["factors"] == [{"name": "n_embd", "with": []}]  # lr is the same in both
+    (gap,) = [r for r in rep["sensitivity"] if r["claim"] == "2-gap"]
+    assert gap["n_embd"] == "flips" and gap["decided cells"] == "2 of 2"
+    html = (tmp_path / "report.html").read_text()
+    assert "Sensitivity: claim x factor" in html and "Cell e64" in html
+    assert {p.name for p in tmp_path.glob("fig-*.png")} >= {"fig-e48-trajectories.png",
+                                                             "fig-e64-trajectories.png"}
+    assert digest(two_cells) == before
 
 
 # ------------------------------------------------------------------- sensitivity table

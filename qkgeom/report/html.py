@@ -10,7 +10,9 @@ import math
 from typing import Any
 
 from qkgeom.analysis.common import fmt
-from qkgeom.report.claims import FAILS, HOLDS
+from qkgeom.report.claims import FAILS, HOLDS, NO_DATA
+
+VERDICTS = (HOLDS, FAILS, NO_DATA)
 
 # One stylesheet for both pages; ``<body class='doc'>`` (the report) reads as a document
 # column, the live page uses the window's width for its trial table.
@@ -49,15 +51,21 @@ def cell(v: Any) -> str:
     return f"<td>{escape(v)}</td>"
 
 
-def html_table(rows: list[dict[str, Any]], *, table_id: str = "") -> str:
+def html_table(rows: list[dict[str, Any]], *, table_id: str = "",
+               verdicts: bool = False) -> str:
     """Rows as a table, one column per key (in the order first seen); ``table_id`` names
-    it (``<table id=...>``) for links and tests. No rows: a note that says so."""
+    it (``<table id=...>``) for links and tests; ``verdicts`` colours every cell holding a
+    verdict (:func:`verdict_cell`). No rows: a note that says so."""
     if not rows:
         return "<p class='note'>(no rows)</p>"
     cols = list(dict.fromkeys(k for r in rows for k in r))
     tid = f" id='{escape(table_id)}'" if table_id else ""
     head = "".join(f"<th>{escape(c)}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(cell(r.get(c)) for c in cols) + "</tr>" for r in rows)
+
+    def td(v: Any) -> str:
+        return verdict_cell(v) if verdicts and v in VERDICTS else cell(v)
+
+    body = "".join("<tr>" + "".join(td(r.get(c)) for c in cols) + "</tr>" for r in rows)
     return f"<table{tid}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 

@@ -55,7 +55,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ALPHA", "ARM_CLAIMS", "FAILS", "HIGH_CONFIDENCE", "HOLDS", "MIN_SEEDS", "NO_DATA",
            "RULES", "Claim", "ClaimSet", "Report", "Section", "build_report", "compute_claims",
-           "compare_cells", "compute_report", "render_html", "render_json", "render_markdown", "write_report"]
+           "compare_cells", "compute_report", "render_html", "render_json", "render_markdown",
+           "write_report"]
 
 TRAJECTORIES_CAPTION = ("PR_Q (solid) and PR_K (dashed) over training per layer, rows = "
                         "depth, columns = initialisation, mean over seeds")
@@ -331,7 +332,7 @@ def render_html(rep: Report, svgs: dict[str, str]) -> str:
         h += _html_claims(rep, 2, "", svgs)
     else:
         h += [f"<h2>Verdicts by cell ({len(rep.cells)} cells)</h2>",
-              f"<p>{escape(rep.calibration)}</p>", _verdict_table(cell_rows(rep)),
+              f"<p>{escape(rep.calibration)}</p>", html_table(cell_rows(rep), verdicts=True),
               "<h2>Sensitivity: claim x factor</h2>", f"<p>{escape(SENSITIVITY_NOTE)}</p>",
               html_table(rep.sensitivity)]
         for cv, sub in rep.cells:
@@ -340,18 +341,6 @@ def render_html(rep: Report, svgs: dict[str, str]) -> str:
                   html_table(sub.design)]
             h += _html_claims(sub, 3, f"{cv.label}-", svgs)
     return page(f"qkgeom report: {_heading(rep)}", "\n".join(h), body_class="doc")
-
-
-def _verdict_table(rows: list[dict[str, Any]]) -> str:
-    """A table whose verdict cells are coloured like the claims table's."""
-    if not rows:
-        return html_table(rows)
-    cols = list(rows[0])
-    body = "".join("<tr>" + "".join(
-        verdict_cell(str(r[c])) if r[c] in (HOLDS, FAILS, NO_DATA)
-        else f"<td>{escape(A.fmt(r[c]))}</td>" for c in cols) + "</tr>" for r in rows)
-    return ("<table><thead><tr>" + "".join(f"<th>{escape(c)}</th>" for c in cols)
-            + f"</tr></thead><tbody>{body}</tbody></table>")
 
 
 def _html_claims(rep: Report, level: int, fig: str, svgs: dict[str, str]) -> list[str]:
