@@ -163,3 +163,37 @@ def export(db: str | None, out: str, views: bool) -> None:
             files = store.export(out, views=views)
         for f in files:
             click.echo(f"{f.rows:>12,} rows  {f.path}")
+
+
+@db.command("merge")
+@click.option("--from", "source", required=True, metavar="URL",
+              help="The database to copy sweeps from (opened read-only; never changed).")
+@db_option
+@click.option("--sweep", "sweeps", multiple=True, metavar="NAME",
+              help="A sweep to copy (repeatable; default: every sweep of --from).")
+@click.option("--rename", "renames", multiple=True, metavar="OLD=NEW",
+              help="Store source sweep OLD as NEW in the target (repeatable), e.g. when "
+              "the target already has a sweep of that name.")
+def db_merge(source: str, db: str | None, sweeps: tuple[str, ...],
+             renames: tuple[str, ...]) -> None:
+    """Copy sweeps, with every row of their trials, from --from into --db.
+
+    Rows are copied as stored (new ids in the target, nothing recomputed), in one
+    transaction; a name already in the target, a trial still running in the source, or
+    the same database twice are refused before anything is written.
+
+    \b
+    Examples:
+      qkgeom db merge --from e96.db --db ladder.db
+      qkgeom db merge --from postgresql://u@host/qk --db ladder.db --sweep cpu --rename cpu=cpu-h100
+    """
+    with user_errors():
+        from qkgeom.store import resolve_url, safe_url
+        from qkgeom.store.merge import merge_sweeps, parse_renames
+
+        merged = merge_sweeps(source, resolve_url(db), list(sweeps), parse_renames(renames))
+        for m in merged:
+            rows = ", ".join(f"{n:,} {k}" for k, n in m.rows.items() if k != "trials")
+            name = m.name if m.name == m.source_name else f"{m.source_name} -> {m.name}"
+            click.echo(f"copied sweep {name}: {m.rows['trials']} trials ({rows})")
+        click.echo(f"into {safe_url(resolve_url(db))}")

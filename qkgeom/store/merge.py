@@ -1,0 +1,193 @@
+"""``qkgeom db merge``: copy sweeps from one results database into another.
+
+A study's cells often run on different machines or at different times, each into its own
+SQLite file; comparing them in one report, or in one SQL query, needs them in one database.
+:func:`merge_sweeps` copies whole sweeps, with every row of their trials (attempts, probes,
+metric values, training history, checkpoint locations), from a source database (SQLite or
+PostgreSQL, opened read-only) into a target one:
+
+* rows are copied as stored; only the surrogate keys change (the target gives the sweep and
+  its trials new ids, and every ``trial_id`` follows them), and a sweep may be renamed on
+  the way (``--rename OLD=NEW``);
+* every sweep is checked before anything is written: a name already in the target, a
+  trial still ``running`` in the source (its rows are still arriving), or source and target
+  being the same database are refused with what to do;
+* everything is written in one target transaction, and the copied row counts are compared
+  with the source's inside it, so a merge lands whole or not at all.
+
+Checkpoint locations are paths on the machine that ran the sweep: a merged sweep is read
+(report, stats, query, serve) where it lands, and resumed where it ran.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from qkgeom.errors import QkgeomError
+from qkgeom.store.engine import backend_of, resolve_url, sqlite_path
+from qkgeom.store.models import TRIAL_TABLES, Sweep, Trial
+from qkgeom.store.store import Store, open_store
+
+CHUNK = 5_000  # rows per INSERT batch
+
+
+class MergeError(QkgeomError):
+    """A merge that was refused before anything was written."""
+
+
+@dataclass(frozen=True)
+class MergedSweep:
+    """One copied sweep: its name in the source and the target, and the rows copied per
+    table (as :meth:`Store.sweep_row_counts` counts them)."""
+
+    source_name: str
+    name: str
+    rows: dict[str, int]
+
+
+def parse_renames(pairs: tuple[str, ...] | list[str]) -> dict[str, str]:
+    """``["OLD=NEW", ...]`` -> ``{OLD: NEW}``; a malformed pair is refused."""
+    out: dict[str, str] = {}
+    for p in pairs:
+        old, sep, new = p.partition("=")
+        old, new = old.strip(), new.strip()
+        if not sep or not old or not new:
+            raise MergeError(f"--rename {p!r}: give OLD=NEW (a source sweep's name and its "
+                             "name in the target)")
+        if old in out:
+            raise MergeError(f"--rename {old}: given twice")
+        out[old] = new
+    return out
+
+
+def same_database(a: str, b: str) -> bool:
+    """Whether two URLs name the same database (SQLite: the same file)."""
+    if backend_of(a) != backend_of(b):
+        return False
+    pa, pb = sqlite_path(a), sqlite_path(b)
+    if pa is not None and pb is not None:
+        try:
+            return Path(pa).resolve() == Path(pb).resolve()
+        except OSError:
+            return pa == pb
+    from sqlalchemy.engine import make_url
+
+    ua, ub = make_url(a), make_url(b)
+    return ((ua.host or "localhost"), ua.port, ua.database) == (
+        (ub.host or "localhost"), ub.port, ub.database)
+
+
+def merge_sweeps(source: str, target: str, sweeps: list[str] | None = None,
+                 rename: dict[str, str] | None = None) -> list[MergedSweep]:
+    """Copy ``sweeps`` (all of the source's when None) from database ``source`` into
+    database ``target`` (created when new), renaming per ``rename``. Returns what was
+    copied; raises :class:`MergeError` (nothing written) when the merge is refused."""
+    source, target = resolve_url(source), resolve_url(target)
+    if same_database(source, target):
+        raise MergeError("source and target are the same database; give the database to "
+                         "copy from with --from and the one to copy into with --db")
+    rename = dict(rename or {})
+    with open_store(source, create=False, readonly=True) as src, open_store(target) as dst:
+        names = _chosen(src, sweeps, rename)
+        plan = [(n, rename.get(n, n)) for n in names]
+        _check(src, dst, plan)
+        counts = {n: src.sweep_row_counts(n) for n, _ in plan}
+        with dst._write() as conn:  # one transaction over every sweep
+            out = [_copy(src, conn, n, new, counts[n]) for n, new in plan]
+    return out
+
+
+def _chosen(src: Store, sweeps: list[str] | None, rename: dict[str, str]) -> list[str]:
+    have = src.sweep_names()
+    if not have:
+        raise MergeError(f"{src.safe_url} has no sweeps to merge")
+    names = list(dict.fromkeys(sweeps)) if sweeps else have
+    missing = [n for n in names if n not in have]
+    if missing:
+        raise MergeError(f"no sweep named {', '.join(map(repr, missing))} in {src.safe_url}; "
+                         f"sweeps: {', '.join(have)}")
+    stray = [o for o in rename if o not in names]
+    if stray:
+        raise MergeError(f"--rename {stray[0]}=...: {stray[0]!r} is not among the sweeps "
+                         f"being merged ({', '.join(names)})")
+    return names
+
+
+def _check(src: Store, dst: Store, plan: list[tuple[str, str]]) -> None:
+    """Every refusal, before anything is written."""
+    news = [new for _, new in plan]
+    twice = sorted({n for n in news if news.count(n) > 1})
+    if twice:
+        raise MergeError(f"two sweeps would be called {twice[0]!r} in the target; rename one "
+                         "with --rename OLD=NEW")
+    taken = set(dst.sweep_names())
+    for old, new in plan:
+        if new in taken:
+            hint = f"--rename {old}={old}-2" if old == new else f"another --rename {old}=..."
+            raise MergeError(f"sweep {new!r} already exists in {dst.safe_url}; nothing was "
+                             f"copied. Give {hint}, or delete it there first "
+                             f"(qkgeom sweep delete --name {new} --db {dst.safe_url})")
+    for old, _ in plan:
+        trials = src.trials(old)
+        running = trials.filter(trials["status"] == "running").height if trials.height else 0
+        if running:
+            raise MergeError(f"sweep {old!r} has {running} trial(s) still running in "
+                             f"{src.safe_url}; merge it once they end (qkgeom sweep status "
+                             f"--name {old} shows them; a dead driver's trials become "
+                             "'interrupted' when the sweep resumes)")
+
+
+def _utc(v: Any) -> Any:
+    """SQLite hands back timestamps without a zone; qkgeom writes them in UTC."""
+    if isinstance(v, datetime) and v.tzinfo is None:
+        return v.replace(tzinfo=timezone.utc)
+    return v
+
+
+def _row(r: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {k: _utc(v) for k, v in r._mapping.items() if k not in skip}
+
+
+def _copy(src: Store, conn: Any, old: str, new: str, expected: dict[str, int]) -> MergedSweep:
+    """Copy one sweep through the target connection ``conn`` (inside its transaction)."""
+    from sqlalchemy import func, select
+
+    s, t = Sweep.__table__, Trial.__table__
+    sid = src.require_sweep(old)
+    with src._read() as rc:
+        sweep = _row(rc.execute(select(s).where(s.c.id == sid)).one(), ("id",))
+        sweep["name"] = new
+        new_sid = conn.execute(s.insert().values(**sweep).returning(s.c.id)).scalar_one()
+        ids: dict[int, int] = {}
+        for r in rc.execute(select(t).where(t.c.sweep_id == sid).order_by(t.c.id)).all():
+            row = _row(r, ("id",))
+            row["sweep_id"] = new_sid
+            ids[r.id] = conn.execute(t.insert().values(**row).returning(t.c.id)).scalar_one()
+        old_ids = list(ids)
+        for tab in TRIAL_TABLES:
+            q = (select(tab).where(tab.c.trial_id.in_(old_ids))
+                 .order_by(*tab.primary_key.columns))
+            batch: list[dict[str, Any]] = []
+            for r in rc.execution_options(yield_per=CHUNK).execute(q):
+                row = _row(r)
+                row["trial_id"] = ids[row["trial_id"]]
+                batch.append(row)
+                if len(batch) >= CHUNK:
+                    conn.execute(tab.insert(), batch)
+                    batch = []
+            if batch:
+                conn.execute(tab.insert(), batch)
+    got = {"trials": int(conn.execute(select(func.count()).select_from(t)
+                                      .where(t.c.sweep_id == new_sid)).scalar_one())}
+    new_ids = select(t.c.id).where(t.c.sweep_id == new_sid).scalar_subquery()
+    for tab in TRIAL_TABLES:
+        got[tab.name] = int(conn.execute(select(func.count()).select_from(tab)
+                                         .where(tab.c.trial_id.in_(new_ids))).scalar_one())
+    if got != expected:
+        diff = {k: (expected[k], got.get(k)) for k in expected if got.get(k) != expected[k]}
+        raise QkgeomError(f"merging {old!r}: copied row counts differ from the source's "
+                          f"(table: (source, copied)) {diff}; nothing was written")
+    return MergedSweep(old, new, got)
