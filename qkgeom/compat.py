@@ -26,7 +26,6 @@ MOVED = {
     "qkgeom.lifecycle": "qkgeom.store.lifecycle",
     "qkgeom.claims": "qkgeom.report.claims",
     "qkgeom.plots": "qkgeom.report.plots",
-    "qkgeom.ladder": "qkgeom.report.ladder",
     "qkgeom.study": "qkgeom.report.study",
     "qkgeom.serve": "qkgeom.web.serve",
     "qkgeom.webpage": "qkgeom.report.html",

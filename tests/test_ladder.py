@@ -1,135 +1,152 @@
-"""qkgeom.report.ladder: which claims the scale x learning-rate ladder shows to flip, and the
-report's 'on the ladder' column, on hand-made cells whose answer is known."""
+"""The ladder and comparisons from the database: ``qkgeom report --ladder SWEEP[@DB]`` (the
+column 'on the ladder' decided from a ladder sweep's cells under this qkgeom's rules) and
+``--compare SWEEP[@DB]`` (sweeps of one or several databases as cells of one report, with
+the cells-at-a-glance and seed-stability tables), on synthetic sweeps whose answers are
+known by hand; the databases read are never changed."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+from pathlib import Path
 
 import pytest
+from conftest_store import invoke
 
-from qkgeom.report import ladder as L
+from qkgeom.records import ProbeRecord
+from qkgeom.report.claims import FAILS, HOLDS
 
-
-def cell(label: str, n_embd: int, lr: float, rules: int | None = L.RULES_VERSION,
-         **verdicts: str) -> dict:
-    c = {"label": label, "scale": {"n_embd": [n_embd], "lr": [lr]},
-         "verdicts": {k.replace("_", "-"): v for k, v in verdicts.items()}}
-    if rules is not None:
-        c["rules_version"] = rules
-    return c
+STEPS = [0, 50, 100]
+INITS = ("gaussian", "tied", "orthogonal")  # x 2 layers: 6 units, sign test p = 1/64
+SEEDS = (0, 1, 2)
 
 
-H, F, N = "holds", "does not hold", "not enough data"
-
-
-@pytest.fixture()
-def cells(tmp_path):
-    # a: flips with the lr at both widths; b: flips with the width at both lrs; c: the
-    # same everywhere; d: flips with the lr at 48 and with the width at 3e-3; e: undecided
-    data = [cell("e48-lr1e-3", 48, 1e-3, a=H, b=H, c=F, d=H, e=N),
-            cell("e48-lr3e-3", 48, 3e-3, a=F, b=H, c=F, d=F, e=N),
-            cell("e64-lr1e-3", 64, 1e-3, a=H, b=F, c=F, d=H, e=N),
-            cell("e64-lr3e-3", 64, 3e-3, a=F, b=F, c=F, d=H, e=N)]
-    p = tmp_path / "ladder.json"
-    p.write_text(json.dumps(data))
-    return L.load_cells(p)
-
-
-def test_flips_are_found_along_the_right_factor(cells):
-    a = L.robustness(cells, "a")
-    assert (a["flips_with_lr_at_n_embd"], a["flips_with_width_at_lr"]) == ([48, 64], [])
-    assert a["summary"] == "flips with the learning rate (at n_embd 48, 64)"
-    b = L.robustness(cells, "b")
-    assert (b["flips_with_lr_at_n_embd"], b["flips_with_width_at_lr"]) == ([], [1e-3, 3e-3])
-    assert b["summary"] == "flips with the width (at lr 0.001, 0.003)"
-    assert L.robustness(cells, "c")["summary"] == "'does not hold' in all 4 ladder cells"
-    d = L.robustness(cells, "d")
-    assert (d["flips_with_lr_at_n_embd"], d["flips_with_width_at_lr"]) == ([48], [3e-3])
-    assert d["summary"] == ("flips with the learning rate (at n_embd 48) and with the width "
-                            "(at lr 0.003)")
-    e = L.robustness(cells, "e")
-    assert e["summary"] == "undecided on the ladder"
-    assert e["cells"] == {c.label: N for c in cells}
-
-
-def test_only_one_factor(tmp_path):
-    p = tmp_path / "l.json"
-    p.write_text(json.dumps([cell("x", 64, 1e-3, a=H), cell("y", 64, 3e-3, a=F),
-                             cell("z", 96, 1e-3, a=H)]))
-    r = L.robustness(L.load_cells(p), "a")
-    assert r["summary"] == "flips with the learning rate (at n_embd 64)"
-    p.write_text(json.dumps([cell("x", 64, 1e-3, a=H), cell("z", 96, 1e-3, a=F)]))
-    assert L.robustness(L.load_cells(p), "a")["summary"] == \
-        "flips with the width (at lr 0.001)"
-
-
-def test_cells_decided_under_retired_rules_are_not_compared(tmp_path):
-    p = tmp_path / "l.json"
-    # a flip between an old-rules cell and a current one is not a flip of the claim
-    p.write_text(json.dumps([cell("x", 64, 1e-3, rules=None, a=H),
-                             cell("y", 64, 3e-3, a=F), cell("z", 96, 3e-3, a=F)]))
-    cells = L.load_cells(p)
-    assert [c.rules_version for c in cells] == [1, L.RULES_VERSION, L.RULES_VERSION]
-    r = L.robustness(cells, "a")
-    assert r["summary"] == ("'does not hold' in all 2 ladder cells (1 cell(s) decided under "
-                            "the retired rules not compared; docs/findings.md)")
-    assert r["cells"] == {"y": F, "z": F}
-    # a claim whose rule did not change compares across versions
-    p.write_text(json.dumps([cell("x", 64, 1e-3, rules=1, **{"2_gap": H}),
-                             cell("y", 64, 3e-3, **{"2_gap": F})]))
-    assert L.robustness(L.load_cells(p), "2-gap")["summary"] == \
-        "flips with the learning rate (at n_embd 64)"
-    p.write_text(json.dumps([cell("x", 64, 1e-3, rules=1, a=H)]))
-    assert L.robustness(L.load_cells(p), "a")["summary"].startswith(
-        "not yet measured on the ladder under the current rules")
-
-
-def test_no_ladder_file(tmp_path):
-    assert L.load_cells(tmp_path / "absent.json") == []
-    assert L.robustness([], "2-gap")["summary"] == "not measured on the ladder"
-
-
-@pytest.mark.parametrize("text", ["{not json", '[{"label": "x"}]',
-                                  '[{"label": "x", "scale": {"n_embd": [32, 48], "lr": [0.001]},'
-                                  ' "verdicts": {}}]', '{"label": "x"}'])
-def test_a_malformed_ladder_file_is_a_clear_error(tmp_path, text):
-    from qkgeom.errors import QkgeomError
-
-    p = tmp_path / "ladder.json"
-    p.write_text(text)
-    with pytest.raises(QkgeomError, match="is not a ladder file.*studies/ladder.py"):
-        L.load_cells(p)
-
-
-def test_the_shipped_ladder_file_reads():
-    cells = L.load_cells()
-    if not L.LADDER_FILE.is_file():
-        pytest.fail("qkgeom/report/ladder.json is missing: write it with studies/ladder.py --json")
-    assert cells and all(c.verdicts for c in cells)
-    assert len({(c.n_embd, c.lr) for c in cells}) == len(cells)  # one cell per factor pair
-
-
-def test_report_shows_the_ladder_column(tmp_path, monkeypatch):
-    from stats_fixtures import make_synthetic_db
-
-    from qkgeom.report.render import build_report
+def plant(url: str, sweep: str, cells: dict[str | None, tuple[dict, float]]) -> None:
+    """A sweep whose cells have config ``factors`` and PR_Q - PR_K = ``gap`` (+ 0.01 x seed
+    on PR_Q) in every layer and probe; cell None: a sweep without cells."""
     from qkgeom.store import open_store
 
-    url = f"sqlite:///{tmp_path / 's.db'}"
-    make_synthetic_db(url, sweep="smoke", seeds=5)
-    p = tmp_path / "ladder.json"
-    p.write_text(json.dumps([cell("x", 64, 1e-3, **{"2_gap": H}),
-                             cell("y", 64, 3e-3, **{"2_gap": F})]))
-    monkeypatch.setattr(L, "LADDER_FILE", p)
     with open_store(url) as store:
-        build_report(store, "smoke", tmp_path / "rep", n_boot=500)
-    md = (tmp_path / "rep" / "report.md").read_text()
+        sid = store.ensure_sweep(sweep, {"synthetic": True}, "synthetic")
+        for cell, (factors, gap) in cells.items():
+            for init in INITS:
+                for seed in SEEDS:
+                    cfg = {**factors, "max_steps": 100, "n_layer": 2, "init": init,
+                           "seed": seed}
+                    key = f"{cell or 'c'}.d2-{init}-none-s{seed}"
+                    tid = store.ensure_trial(sid, key, cfg, depth=2, init=init, arm="none",
+                                             seed=seed, cell=cell)
+                    recs = [ProbeRecord(step=s, progress=s / 100, tokens=s,
+                                        train_loss=float("nan"), val_loss=1.0, lr=1e-3,
+                                        tokens_per_s=0.0,
+                                        metrics=[m for layer in range(2) for m in (
+                                            (layer, None, "pr_q", 5.0 + gap + 0.01 * seed),
+                                            (layer, None, "pr_k", 5.0))]) for s in STEPS]
+                    store.write_probes(tid, recs)
+                    store.set_trial_status(tid, "running", bump_attempts=True)
+                    store.set_trial_result(tid, test_loss=2.0 + 0.1 * seed)
+                    store.set_trial_status(tid, "terminated")
+
+
+@pytest.fixture(scope="module")
+def dbs(tmp_path_factory) -> dict[str, str]:
+    d = tmp_path_factory.mktemp("ladder")
+    lad, cpu = f"sqlite:///{d / 'ladder.db'}", f"sqlite:///{d / 'cpu.db'}"
+    plant(lad, "ladder", {"e48": ({"n_embd": 48, "lr": 1e-3}, 1.0),
+                          "e64": ({"n_embd": 64, "lr": 1e-3}, -1.0)})
+    plant(cpu, "cpu", {None: ({"n_embd": 48, "lr": 1e-3}, 1.0)})
+    return {"ladder": lad, "cpu": cpu}
+
+
+def digest(url: str) -> str:
+    return hashlib.sha256(Path(url.removeprefix("sqlite:///")).read_bytes()).hexdigest()
+
+
+def report(tmp_path: Path, db: str, *extra: str) -> tuple[dict, str]:
+    out = tmp_path / "rep"
+    r = invoke("report", "--db", db, "--out", str(out), "--boot", "200", *extra)
+    assert r.exit_code == 0, r.output
+    return (json.loads((out / "report.json").read_text()),
+            (out / "report.md").read_text(encoding="utf-8"))
+
+
+def test_the_ladder_column_is_decided_from_the_ladder_sweep(dbs, tmp_path):
+    before = {k: digest(u) for k, u in dbs.items()}
+    js, md = report(tmp_path, dbs["cpu"], "--sweep", "cpu", "--ladder",
+                    f"ladder@{dbs['ladder'].removeprefix('sqlite:///')}")
+    gap = js["ladder"]["2-gap"]
+    assert gap["cells"] == {"e48": HOLDS, "e64": FAILS}  # +1 gap holds, -1 does not
+    assert gap["summary"] == "holds in 1 of 2 cells; flips with n_embd"
+    assert "| on the ladder (ladder) |" in md
     row = next(ln for ln in md.splitlines() if ln.startswith("| 2-gap |"))
-    assert row.endswith("| flips with the learning rate (at n_embd 64) (docs/findings.md) |")
-    assert ("| claim | paper | measured | verdict | the rule's error rate and power | on the "
-            "ladder |") in md
-    html = (tmp_path / "rep" / "report.html").read_text()
-    assert "<th>on the ladder</th>" in html
-    js = json.loads((tmp_path / "rep" / "report.json").read_text())
-    assert js["ladder"]["2-gap"]["cells"] == {"x": H, "y": F}
-    assert js["ladder"]["3"]["summary"] == "undecided on the ladder"
+    assert row.endswith("| holds in 1 of 2 cells; flips with n_embd |")
+    verdicts = {c["key"]: c["verdict"] for c in js["claims"]}
+    assert verdicts["2-gap"] == HOLDS  # the report's own verdict is its sweep's
+    assert {k: digest(u) for k, u in dbs.items()} == before
+
+
+def test_without_a_ladder_the_column_says_how_to_get_one(dbs, tmp_path):
+    js, md = report(tmp_path, dbs["cpu"], "--sweep", "cpu")
+    assert js["ladder"] == {}
+    assert "| on the ladder (--ladder SWEEP) |" in md
+    assert not list(Path(__file__).resolve().parents[1].joinpath("qkgeom").rglob(
+        "ladder.json"))  # no file of past verdicts in the package
+
+
+def test_sweeps_of_two_databases_compared_as_cells(dbs, tmp_path):
+    before = {k: digest(u) for k, u in dbs.items()}
+    js, md = report(tmp_path, dbs["cpu"], "--sweep", "cpu", "--compare",
+                    f"ladder@{dbs['ladder']}")
+    cells = {c["label"]: {k["key"]: k["verdict"] for k in c["claims"]} for c in js["cells"]}
+    assert list(cells) == ["cpu", "ladder/e48", "ladder/e64"]
+    assert [cells[c]["2-gap"] for c in cells] == [HOLDS, HOLDS, FAILS]
+    assert [f["name"] for f in js["factors"]] == ["n_embd"]
+    sens = next(r for r in js["sensitivity"] if r["claim"] == "2-gap")
+    assert sens["n_embd"].startswith("flips")
+    g = js["glance"]
+    # 3 inits x 2 layers per seed, every unit positive (+1) or negative (-1)
+    assert g["cpu"]["gap_per_seed"] == {"0": [6, 6], "1": [6, 6], "2": [6, 6]}
+    assert g["ladder/e64"]["gap_per_seed"] == {"0": [0, 6], "1": [0, 6], "2": [0, 6]}
+    last = g["cpu"]["last_layer"]["2"]  # PR_Q = 6 + 0.01 seed: mean 6.01 over seeds 0-2
+    assert last["pr_q"] == pytest.approx(6.01) and last["pr_k"] == pytest.approx(5.0)
+    assert (last["q_gt_k"], last["n"]) == (9, 9)
+    assert g["cpu"]["test_loss"]["none"] == pytest.approx(2.1)  # 2.0 + 0.1 x mean seed
+    assert g["cpu"]["trials"] == g["cpu"]["terminated"] == 9
+    # one seed alone: 6 units all positive, p = 1/64 < 0.05: 2-gap holds with each seed
+    assert {s: v["2-gap"] for s, v in g["cpu"]["per_seed"].items()} == {
+        "0": HOLDS, "1": HOLDS, "2": HOLDS}
+    assert "## Cells at a glance" in md and "## Seed stability" in md
+    # seed stability, 2-gap first: seed 0 / seed 1 / seed 2 / all
+    lines = md.splitlines()
+    assert any(ln.startswith("| cpu | holds / holds / holds / holds |") for ln in lines)
+    assert any(ln.startswith("| ladder/e64 | no / no / no / no |") for ln in lines)
+    assert js["sweep"] == "cpu vs ladder"
+    assert {k: digest(u) for k, u in dbs.items()} == before
+
+
+def test_sweeps_of_one_database_compared_and_filtered(dbs, tmp_path):
+    src = dbs["ladder"].removeprefix("sqlite:///")
+    one = f"sqlite:///{tmp_path / 'one.db'}"
+    assert invoke("db", "merge", "--from", src, "--db", one).exit_code == 0
+    assert invoke("db", "merge", "--from", dbs["cpu"], "--db", one).exit_code == 0
+    js, _ = report(tmp_path, one, "--sweep", "cpu", "--compare", "ladder", "--seeds", "0")
+    cells = {c["label"]: {k["key"]: k["verdict"] for k in c["claims"]} for c in js["cells"]}
+    assert [cells[c]["2-gap"] for c in cells] == [HOLDS, HOLDS, FAILS]
+    assert js["glance"]["cpu"]["gap_per_seed"] == {"0": [6, 6]}  # --seeds applies to all
+    assert js["where"] == "seeds 0"
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--compare", "cpu"), "sweep 'cpu' is named twice in the comparison"),
+    (("--compare", "nope@LADDER"), "no sweep named 'nope'"),
+    (("--ladder", "ladder@"), "expected SWEEP or SWEEP@DB"),
+    (("--compare", "ladder@LADDER", "--where", "n_emb=48"), "has no factor 'n_emb'"),
+])
+def test_bad_comparisons_are_refused_in_one_line(dbs, tmp_path, extra, message):
+    before = {k: digest(u) for k, u in dbs.items()}
+    extra = tuple(e.replace("LADDER", dbs["ladder"]) for e in extra)
+    r = invoke("report", "--db", dbs["cpu"], "--sweep", "cpu", "--out", str(tmp_path / "r"),
+               *extra)
+    assert r.exit_code != 0 and message in r.output, r.output
+    assert "Traceback" not in r.output
+    assert {k: digest(u) for k, u in dbs.items()} == before

@@ -408,25 +408,48 @@ def plot_cmd(kind: str, db: str | None, sweep: SweepChoice, include_unfinished: 
 @sweep_options
 @click.option("--out", required=True, type=click.Path(file_okay=False),
               help="output directory (created): report.html, report.md, figures")
+@click.option("--compare", "compare", multiple=True, metavar="SWEEP[@DB]",
+              help="also decide this sweep (of --db, or of database DB) as cells of one "
+              "comparison beside --sweep, with the sensitivity table; repeatable. --where "
+              "and --seeds apply to every sweep")
+@click.option("--ladder", "ladder", multiple=True, metavar="SWEEP[@DB]",
+              help="a sweep whose cells (e.g. studies/ladder.yaml's) give the column 'on "
+              "the ladder' of a one-cell report, decided here; repeatable")
 @click.option("--seed", type=int, default=0, show_default=True, help="bootstrap rng seed")
 @click.option("--boot", type=int, default=10_000, show_default=True,
               help="bootstrap resamples for directional confidence")
 @table_or_json
 @_body
 def report_cmd(db: str | None, sweep: SweepChoice, include_unfinished: bool, out: str,
-               seed: int, boot: int, fmt: str) -> None:
+               compare: tuple[str, ...], ladder: tuple[str, ...], seed: int, boot: int,
+               fmt: str) -> None:
     """Write the study report: every claim of the paper beside its measured verdict.
 
     One self-contained HTML page (charts inline as SVG, works offline) and a markdown twin
-    (report.md with PNG figures beside it).
+    (report.md with PNG figures beside it). A sweep with cells, or --compare, decides every
+    claim per cell and adds the sensitivity table (claim x factor).
+
+    \b
+    Examples:
+      qkgeom report --sweep cpu --out reports/cpu --ladder ladder
+      qkgeom report --sweep ladder-e96 --compare ladder-e128@e128.db --out reports/wide
     """
     from qkgeom import analysis as A
     from qkgeom.report.render import build_report
+    from qkgeom.store import resolve_url
+    from qkgeom.store.merge import gathered
 
-    with _store(db) as store:
-        name = sweep.resolve(store)
-        paths = build_report(store, name, out, seed=seed, n_boot=boot,
+    refs = [_ref(r, "--compare") for r in compare]
+    lads = [_ref(r, "--ladder") for r in ladder]
+    with _store(db) as first:
+        main_name = A.resolve_sweep(first, sweep.name)
+    with gathered(resolve_url(db), [(main_name, None), *refs, *lads]) as (store, names):
+        scopes = [A.resolve_scope(store, n, sweep.where, sweep.seeds)
+                  for n in names[:1 + len(refs)]]
+        paths = build_report(store, scopes[0], out, compare=scopes[1:],
+                             ladder=names[1 + len(refs):], seed=seed, n_boot=boot,
                              finished_only=not include_unfinished)
+        name = scopes[0]
     data = json.loads(next(p for p in paths if p.name == "report.json").read_text())
     cells = data.get("cells") or [{"label": None, "claims": data["claims"]}]
     by_cell = {c["label"]: {k["key"]: k["verdict"] for k in c["claims"]} for c in cells}
@@ -443,3 +466,12 @@ def report_cmd(db: str | None, sweep: SweepChoice, include_unfinished: bool, out
         for row in data.get("sensitivity", []):
             click.echo(f"{row.pop('claim')}: " + "; ".join(
                 f"{k}: {v}" for k, v in row.items()))
+
+
+def _ref(text: str, option: str) -> tuple[str, str | None]:
+    """``SWEEP`` or ``SWEEP@DB`` -> (sweep, database or None)."""
+    name, at, db = text.partition("@")
+    if not name.strip() or (at and not db.strip()):
+        raise click.UsageError(f"{option} {text!r}: expected SWEEP or SWEEP@DB, e.g. "
+                               f"{option} ladder-e96@e96.db")
+    return name.strip(), db.strip() or None

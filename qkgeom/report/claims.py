@@ -542,6 +542,19 @@ def compute_claims(store: Store, sweep: str, *, seed: int = 0, n_boot: int = 10_
     return out
 
 
+def grid_verdicts(store: Store, sweep: str, *, seed: int = 0,
+                  finished_only: bool = True) -> dict[str, str]:
+    """The verdicts of the claims the geometry grid decides alone (2-gap, the slopes,
+    claim 3), without the arms, the pretrained checkpoints or any table: what a seed's
+    trials say by themselves (:func:`qkgeom.report.compare.seed_stability`)."""
+    gap = gap_claims(store, sweep, finished_only)
+    units = gap.frames.get("units")
+    parts = [gap, *(slope_claim(store, sweep, finished_only, units=units, window=w)
+                    for w in ("start", "late")),
+             correlation_claim(store, sweep, finished_only, seed)]
+    return {c.key: c.verdict for part in parts for c in part.claims}
+
+
 def _seeds_of(c: Claim) -> int | None:
     """The paired seeds a seed-based verdict rests on (claim 4, reality checks)."""
     n = c.numbers.get("n_seeds")

@@ -19,6 +19,8 @@ database and seed give the same files.
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,15 +42,18 @@ from qkgeom.report.claims import (
     Section,
     compute_claims,
 )
-from qkgeom.report.html import escape, html_table, page, verdict_cell
-from qkgeom.report.ladder import FINDINGS, RULES_VERSION, load_cells, robustness
-from qkgeom.report.sensitivity import (
-    CellVerdicts,
-    Factor,
-    across_cells,
-    sensitivity_table,
-    study_factors,
+from qkgeom.report.compare import (
+    FINDINGS,
+    RULES_VERSION,
+    as_scope,
+    column,
+    comparison_parts,
+    decide_cells,
+    glance,
+    part_factors,
 )
+from qkgeom.report.html import escape, html_table, page, verdict_cell
+from qkgeom.report.sensitivity import CellVerdicts, Factor, sensitivity_table
 
 if TYPE_CHECKING:
     from qkgeom.store import Store
@@ -78,12 +83,17 @@ class Report:
     sections: list[Section]
     charts: dict[str, Any]  # name -> altair chart, each written as fig-NAME.png
     figures: list[tuple[str, str]]  # (chart name, caption) in the order shown
-    ladder: dict[str, dict[str, Any]]  # claim key -> robustness on the ladder (qkgeom.report.ladder)
+    # claim key -> how the claim fares over other cells (qkgeom.report.compare.column): the
+    # ladder's (--ladder) in a one-cell report, the report's own cells' in a comparison;
+    # empty when there is nothing to compare with
+    ladder: dict[str, dict[str, Any]]
     calibration: str = ""  # how the verdict rules were calibrated (the header's line)
     where: str = ""  # the trial filter (--where/--seeds) in words; empty for the whole sweep
-    ladder_source: str = FINDINGS  # where the ladder column comes from
+    ladder_source: str = ""  # the sweeps of the ladder column; empty: the report's own cells
     # a sweep with several cells: each cell's own report, the factors and claim x factor
     cells: list[tuple[CellVerdicts, Report]] = field(default_factory=list)
+    # each cell's facts and per-seed grid verdicts (qkgeom.report.compare.glance)
+    glance: dict[str, dict[str, Any]] = field(default_factory=dict)
     factors: list[Factor] = field(default_factory=list)
     sensitivity: list[dict[str, Any]] = field(default_factory=list)
 
@@ -152,10 +162,11 @@ PAPER_SCALE = {
     "weight_decay": "AdamW (paper preset: 0.1)", "betas": "not stated (paper preset: 0.9, 0.99)",
 }
 SCALE_NOTE = ("Whether a verdict depends on model scale or on the learning rate is what the "
-              f"scale x learning-rate ladder measures ({FINDINGS}, studies/*.yaml): the "
-              "column 'on the ladder' says, for each claim, whether the ladder's cells saw "
-              "its verdict change with the learning rate or with the width; read such a "
-              "verdict of a small study as a property of its setting, not of the paper.")
+              f"scale x learning-rate ladder measures ({FINDINGS}, studies/ladder.yaml): "
+              "with `qkgeom report --ladder SWEEP`, the column 'on the ladder' says, for each "
+              "claim, how that sweep's cells, decided here under the same rules, came out "
+              "and which factor (width, learning rate, ...) flips the verdict; read a "
+              "verdict that flips as a property of its setting, not of the paper.")
 
 
 def _scale_rows(store: Store, sweep: str, fin: bool) -> tuple[list[dict[str, Any]],
@@ -184,15 +195,18 @@ def _scale_rows(store: Store, sweep: str, fin: bool) -> tuple[list[dict[str, Any
     return rows, sc
 
 
-def compute_report(store: Store, sweep: str | A.Scope, *, seed: int = 0, n_boot: int = 10_000,
+def compute_report(store: Store, sweep: str | A.Scope, *, compare: Sequence[str | A.Scope] = (),
+                   ladder: Sequence[str | A.Scope] = (), seed: int = 0, n_boot: int = 10_000,
                    finished_only: bool = True) -> Report:
     """Everything the report of ``sweep`` (a name or a filtered scope) shows, on the data
-    stored now; a sweep with several cells is decided cell by cell
-    (:func:`compare_cells`)."""
-    cells = A.cells_of(store, sweep)
-    if len(cells) > 1:
-        return compare_cells(store, sweep, cells, seed=seed, n_boot=n_boot,
+    stored now. A sweep with several cells, or a sweep with ``compare`` sweeps, is decided
+    cell by cell (:func:`compare_cells`); a one-cell report with ``ladder`` sweeps gets the
+    column 'on the ladder' from their cells (:mod:`qkgeom.report.compare`)."""
+    parts = comparison_parts(store, [sweep, *compare])
+    if len(parts) > 1:
+        return compare_cells(store, parts, seed=seed, n_boot=n_boot,
                              finished_only=finished_only)
+    sweep = parts[0][1] if parts[0][1].filtered else sweep
     fin = finished_only
     found = compute_claims(store, sweep, seed=seed, n_boot=n_boot, finished_only=fin)
     charts = _charts(store, sweep, fin, seed, found.frames)
@@ -202,49 +216,135 @@ def compute_report(store: Store, sweep: str | A.Scope, *, seed: int = 0, n_boot:
     captions.update({s.figure: s.caption for s in found.sections if s.figure})
     order = ["trajectories"] + [s.figure for s in found.sections if s.figure]
     figures = [(name, captions.get(name, name)) for name in order if name in charts]
-    ladder_cells = load_cells()
-    ladder = {c.key: robustness(ladder_cells, c.key) for c in found.claims}
-    return Report(A.sweep_name(sweep), seed, n_boot, fin, design_text, design, scale_rows,
-                  scale, found.claims, found.sections, charts, figures, ladder,
-                  found.frames.get("calibration", ""), where=_where(sweep))
+    rep = Report(A.sweep_name(sweep), seed, n_boot, fin, design_text, design, scale_rows,
+                 scale, found.claims, found.sections, charts, figures, {},
+                 found.frames.get("calibration", ""), where=_where(sweep))
+    if ladder:
+        factors, verdicts = decide_cells(store, comparison_parts(store, ladder), seed=seed,
+                                         n_boot=n_boot, finished_only=fin)
+        rep.ladder = column(verdicts, factors, [c.key for c in found.claims])
+        rep.ladder_source = ", ".join(as_scope(s).name for s in ladder)
+    return rep
 
 
 def _where(sweep: str | A.Scope) -> str:
     return sweep.describe() if isinstance(sweep, A.Scope) else ""
 
 
-def compare_cells(store: Store, sweep: str | A.Scope, cells: list[str], *, seed: int = 0,
+def compare_cells(store: Store, parts: Sequence[tuple[str, A.Scope]], *, seed: int = 0,
                   n_boot: int = 10_000, finished_only: bool = True) -> Report:
-    """The report of a sweep with several cells: every claim decided on each cell's trials
-    alone (a full report per cell), the verdicts side by side, and the sensitivity table
-    (claim x factor, :mod:`qkgeom.report.sensitivity`); each cell's 'across cells' column
-    says how its claim fares over the cells instead of the ladder file."""
-    scope = sweep if isinstance(sweep, A.Scope) else A.Scope(sweep)
-    rows = A.trial_rows(store, scope)
-    configs = {c: [r["config"] for r in rows if r["cell"] == c] for c in cells}
-    factors, values = study_factors(configs)
-    subs = [(c, compute_report(store, scope.narrow(cell=c), seed=seed, n_boot=n_boot,
-                               finished_only=finished_only)) for c in cells]
+    """The report of several cells (the cells of a sweep, or several sweeps): every claim
+    decided on each cell's trials alone (a full report per cell), the verdicts side by
+    side, and the sensitivity table (claim x factor, :mod:`qkgeom.report.sensitivity`);
+    each cell's 'across the cells' column says how its claim fares over the cells."""
+    factors, values = part_factors(store, parts)
+    subs = [(label, compute_report(store, scope, seed=seed, n_boot=n_boot,
+                                   finished_only=finished_only)) for label, scope in parts]
     verdicts = [CellVerdicts(c, values[c], {k.key: k.verdict for k in rep.claims})
                 for c, rep in subs]
     keys = list(dict.fromkeys(k.key for _, rep in subs for k in rep.claims))
     for _, rep in subs:
-        rep.ladder_source = ""
-        rep.ladder = {k: {"summary": across_cells(verdicts, k, factors),
-                          "cells": {v.label: v.verdicts.get(k) for v in verdicts}}
-                      for k in keys}
-    design_text, design = _design(store, scope, finished_only)
-    scale_rows, scale = _scale_rows(store, scope, finished_only)
-    return Report(scope.name, seed, n_boot, finished_only, design_text, design, scale_rows,
-                  scale, [], [], {}, [], {}, subs[0][1].calibration, where=_where(scope),
+        rep.ladder = column(verdicts, factors, keys)
+    wholes = list(dict.fromkeys(_whole(p) for _, p in parts))  # each sweep, cells pooled
+    if len(wholes) == 1:  # the sweep's cells: its design, filtered as the cells are
+        design_text, design = _design(store, wholes[0], finished_only)
+        scale_rows, scale = _scale_rows(store, wholes[0], finished_only)
+    else:
+        design_text, design, scale_rows, scale = _designs(store, wholes, finished_only)
+    title = " vs ".join(w.name for w in wholes)
+    where = "; ".join(dict.fromkeys(_where(w) for w in wholes if w.filtered))
+    return Report(title, seed, n_boot, finished_only, design_text, design, scale_rows,
+                  scale, [], [], {}, [], {}, subs[0][1].calibration, where=where,
                   cells=[(cv, rep) for cv, (_, rep) in zip(verdicts, subs)],
-                  factors=factors, sensitivity=sensitivity_table(verdicts, keys, factors))
+                  factors=factors, sensitivity=sensitivity_table(verdicts, keys, factors),
+                  glance=glance(store, parts, seed=seed, finished_only=finished_only))
+
+
+def _whole(scope: A.Scope) -> A.Scope:
+    """The scope's sweep with its filter but without the cell condition."""
+    return A.Scope(scope.name, tuple(w for w in scope.where if w[0] != "cell"), scope.seeds)
+
+
+def _designs(store: Store, wholes: Sequence[A.Scope], fin: bool
+             ) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
+    """Design and scale of a comparison of several sweeps: one row group (design) and one
+    column (scale) per sweep."""
+    design: list[dict[str, Any]] = []
+    scale_cols: dict[str, list[dict[str, Any]]] = {}
+    scale: dict[str, Any] = {}
+    sweeps = [w.name for w in wholes]
+    for scope in wholes:
+        design += [{"sweep": scope.name, **r} for r in _design(store, scope, fin)[1]]
+        scale_cols[scope.name], scale[scope.name] = _scale_rows(store, scope, fin)
+    settings = list(dict.fromkeys(r["setting"] for rows in scale_cols.values() for r in rows))
+    paper = {r["setting"]: r["paper"] for rows in scale_cols.values() for r in rows}
+    scale_rows = [{"setting": st, **{n: next((r["this study"] for r in scale_cols[n]
+                                              if r["setting"] == st), "-") for n in sweeps},
+                   "paper": paper[st]} for st in settings]
+    n = sum(r["trials"] for r in design)
+    text = (f"Comparison of the sweeps **{'**, **'.join(sweeps)}**: "
+            f"{n} trials. Each cell's claims are decided on its own trials. Statistics use "
+            + ("terminated trials only." if fin else "all trials, finished or not."))
+    return text, design, scale_rows, scale
 
 
 def cell_rows(rep: Report) -> list[dict[str, Any]]:
     """One row per cell: its label, factor values and each claim's verdict."""
     return [{"cell": cv.label, **{f.label: cv.factors.get(f.name) for f in rep.factors},
              **cv.verdicts} for cv, _ in rep.cells]
+
+
+ARMS_SHOWN = ("none", "hold", "shrink", "shrink_act")
+SHORT = {HOLDS: "holds", FAILS: "no", NO_DATA: "?"}
+
+
+def _duration(s: float | None) -> str:
+    if s is None:
+        return "-"
+    return f"{int(s // 3600)} h {int(s % 3600 // 60):02d} min" if s >= 3600 else \
+        f"{int(s // 60)} min {int(s % 60):02d} s"
+
+
+def glance_rows(rep: Report) -> list[dict[str, Any]]:
+    """One row per cell: trials, time, mean test loss per arm, claim 2's gap at the last
+    probe per grid seed, and the last layer's PR_Q / PR_K per depth."""
+    rows = []
+    for label, g in rep.glance.items():
+        tl = g["test_loss"]
+        rows.append({
+            "cell": label, "trials (terminated)": f"{g['trials']} ({g['terminated']})",
+            "trial time (sum)": _duration(g["trial_s"]), "first start to last end":
+                _duration(g["span_s"]),
+            "mean test loss (" + " / ".join(ARMS_SHOWN) + ")": " / ".join(
+                A.fmt(tl[a], 3) if tl.get(a) is not None else "-" for a in ARMS_SHOWN),
+            "PR_Q > PR_K at the last probe, (trial, layer) units per seed": ", ".join(
+                f"seed {s}: {a}/{n}" for s, (a, n) in g["gap_per_seed"].items()) or "-",
+            "last layer, mean PR_Q / PR_K (PR_Q > PR_K in k of n runs)": "; ".join(
+                f"d{d}: {v['pr_q']:.2f} / {v['pr_k']:.2f} ({v['q_gt_k']}/{v['n']})"
+                for d, v in g["last_layer"].items()) or "-"})
+    return rows
+
+
+def seed_rows(rep: Report) -> list[dict[str, Any]]:
+    """One row per cell: each grid claim decided on every grid seed alone, then on all."""
+    rows = []
+    for cv, _ in rep.cells:
+        per = rep.glance.get(cv.label, {}).get("per_seed", {})
+        keys = list(dict.fromkeys(k for v in per.values() for k in v))
+        head = " / ".join([*(f"seed {s}" for s in per), "all"])
+        rows.append({"cell": cv.label, **{
+            f"{k}: {head}": " / ".join(SHORT.get(v.get(k, NO_DATA), "?") for v in
+                                       [*per.values(), cv.verdicts]) for k in keys}})
+    return rows
+
+
+GLANCE_NOTE = ("Trial time sums each terminated trial's start to end (its last attempt); "
+               "the span includes pauses between resumed runs. The gap counts (trial, "
+               "layer) units of the grid seeds' baseline trials at the last probe.")
+SEEDS_NOTE = ("The grid claims decided on each grid seed's trials alone (a filter on the "
+              "stored trials), then on all seeds: 'holds', 'no' (does not hold), '?' (not "
+              "enough data). A verdict that holds only with every seed pooled rests on the "
+              "pooling.")
 
 
 # --------------------------------------------------------------------------- rendering
@@ -262,13 +362,13 @@ def _md_table(rows: list[dict[str, Any]]) -> str:
 
 def _ladder_text(rep: Report, key: str) -> str:
     r = rep.ladder.get(key)
-    if not r or not r["cells"]:
-        return "-"
-    return f"{r['summary']} ({rep.ladder_source})" if rep.ladder_source else r["summary"]
+    return r["summary"] if r and r["cells"] else "-"
 
 
 def _ladder_head(rep: Report) -> str:
-    return "on the ladder" if rep.ladder_source else "across the cells"
+    if rep.ladder_source:
+        return f"on the ladder ({rep.ladder_source})"
+    return "across the cells" if rep.ladder else "on the ladder (--ladder SWEEP)"
 
 
 SENSITIVITY_NOTE = ("Each cell's claims are decided on that cell's trials alone. A factor "
@@ -292,10 +392,12 @@ def render_markdown(rep: Report) -> str:
         return "\n".join(md + _md_claims(rep, "##", ""))
     md += [f"## Verdicts by cell ({len(rep.cells)} cells)", "", rep.calibration, "",
            _md_table(cell_rows(rep)), "", "## Sensitivity: claim x factor", "",
-           SENSITIVITY_NOTE, "", _md_table(rep.sensitivity), ""]
+           SENSITIVITY_NOTE, "", _md_table(rep.sensitivity), "", "## Cells at a glance", "",
+           GLANCE_NOTE, "", _md_table(glance_rows(rep)), "", "## Seed stability", "",
+           SEEDS_NOTE, "", _md_table(seed_rows(rep)), ""]
     for cv, sub in rep.cells:
         md += [f"## Cell {cv.label}", "", sub.design_text, "", _md_table(sub.design), ""]
-        md += _md_claims(sub, "###", f"{cv.label}-")
+        md += _md_claims(sub, "###", f"{_slug(cv.label)}-")
     return "\n".join(md)
 
 
@@ -334,12 +436,15 @@ def render_html(rep: Report, svgs: dict[str, str]) -> str:
         h += [f"<h2>Verdicts by cell ({len(rep.cells)} cells)</h2>",
               f"<p>{escape(rep.calibration)}</p>", html_table(cell_rows(rep), verdicts=True),
               "<h2>Sensitivity: claim x factor</h2>", f"<p>{escape(SENSITIVITY_NOTE)}</p>",
-              html_table(rep.sensitivity)]
+              html_table(rep.sensitivity), "<h2>Cells at a glance</h2>",
+              f"<p>{escape(GLANCE_NOTE)}</p>", html_table(glance_rows(rep)),
+              "<h2>Seed stability</h2>", f"<p>{escape(SEEDS_NOTE)}</p>",
+              html_table(seed_rows(rep))]
         for cv, sub in rep.cells:
             h += [f"<h2>Cell {escape(cv.label)}</h2>",
                   "<p>" + escape(sub.design_text).replace("**", "") + "</p>",
                   html_table(sub.design)]
-            h += _html_claims(sub, 3, f"{cv.label}-", svgs)
+            h += _html_claims(sub, 3, f"{_slug(cv.label)}-", svgs)
     return page(f"qkgeom report: {_heading(rep)}", "\n".join(h), body_class="doc")
 
 
@@ -391,10 +496,16 @@ def render_json(rep: Report) -> str:
         data["cells"] = [{"label": cv.label, "factors": cv.factors, **_json_claims(sub)}
                          for cv, sub in rep.cells]
         data["sensitivity"] = rep.sensitivity
+        data["glance"] = rep.glance
     return json.dumps(to_jsonable(data), indent=2, allow_nan=False)
 
 
 # --------------------------------------------------------------------------- files
+
+
+def _slug(label: str) -> str:
+    """A cell label as part of a file name (``ladder/e48`` -> ``ladder_e48``)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", label)
 
 
 def write_report(rep: Report, out: Path) -> list[Path]:
@@ -406,7 +517,7 @@ def write_report(rep: Report, out: Path) -> list[Path]:
     written: list[Path] = []
     charts = dict(rep.charts)
     for cv, sub in rep.cells:
-        charts.update({f"{cv.label}-{name}": chart for name, chart in sub.charts.items()})
+        charts.update({f"{_slug(cv.label)}-{name}": chart for name, chart in sub.charts.items()})
     for name, chart in charts.items():
         png = out / f"fig-{name}.png"
         png.write_bytes(plots.to_png(chart))
@@ -421,12 +532,16 @@ def write_report(rep: Report, out: Path) -> list[Path]:
     return sorted(written)
 
 
-def build_report(store: Store, sweep: str | A.Scope, out_dir: str | Path, *, seed: int = 0,
-                 n_boot: int = 10_000, finished_only: bool = True) -> list[Path]:
-    """Compute every claim's verdict for ``sweep`` and write the report into ``out_dir``."""
+def build_report(store: Store, sweep: str | A.Scope, out_dir: str | Path, *,
+                 compare: Sequence[str | A.Scope] = (), ladder: Sequence[str | A.Scope] = (),
+                 seed: int = 0, n_boot: int = 10_000, finished_only: bool = True) -> list[Path]:
+    """Compute every claim's verdict for ``sweep`` (with the ``compare`` sweeps as further
+    cells, and the ``ladder`` sweeps' column; :func:`compute_report`) and write the report
+    into ``out_dir``."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise QkgeomError(f"--out {out} is a file; give a directory for the report")
     out.mkdir(parents=True, exist_ok=True)
-    rep = compute_report(store, sweep, seed=seed, n_boot=n_boot, finished_only=finished_only)
+    rep = compute_report(store, sweep, compare=compare, ladder=ladder, seed=seed, n_boot=n_boot,
+                         finished_only=finished_only)
     return write_report(rep, out)

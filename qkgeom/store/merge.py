@@ -21,6 +21,9 @@ Checkpoint locations are paths on the machine that ran the sweep: a merged sweep
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -81,10 +84,13 @@ def same_database(a: str, b: str) -> bool:
 
 
 def merge_sweeps(source: str, target: str, sweeps: list[str] | None = None,
-                 rename: dict[str, str] | None = None) -> list[MergedSweep]:
+                 rename: dict[str, str] | None = None, *,
+                 running_ok: bool = False) -> list[MergedSweep]:
     """Copy ``sweeps`` (all of the source's when None) from database ``source`` into
     database ``target`` (created when new), renaming per ``rename``. Returns what was
-    copied; raises :class:`MergeError` (nothing written) when the merge is refused."""
+    copied; raises :class:`MergeError` (nothing written) when the merge is refused.
+    ``running_ok`` copies sweeps with running trials as they are now (for a scratch copy
+    that is read once, like :func:`gathered`'s)."""
     source, target = resolve_url(source), resolve_url(target)
     if same_database(source, target):
         raise MergeError("source and target are the same database; give the database to "
@@ -93,7 +99,7 @@ def merge_sweeps(source: str, target: str, sweeps: list[str] | None = None,
     with open_store(source, create=False, readonly=True) as src, open_store(target) as dst:
         names = _chosen(src, sweeps, rename)
         plan = [(n, rename.get(n, n)) for n in names]
-        _check(src, dst, plan)
+        _check(src, dst, plan, running_ok)
         counts = {n: src.sweep_row_counts(n) for n, _ in plan}
         with dst._write() as conn:  # one transaction over every sweep
             out = [_copy(src, conn, n, new, counts[n]) for n, new in plan]
@@ -116,7 +122,7 @@ def _chosen(src: Store, sweeps: list[str] | None, rename: dict[str, str]) -> lis
     return names
 
 
-def _check(src: Store, dst: Store, plan: list[tuple[str, str]]) -> None:
+def _check(src: Store, dst: Store, plan: list[tuple[str, str]], running_ok: bool) -> None:
     """Every refusal, before anything is written."""
     news = [new for _, new in plan]
     twice = sorted({n for n in news if news.count(n) > 1})
@@ -130,7 +136,7 @@ def _check(src: Store, dst: Store, plan: list[tuple[str, str]]) -> None:
             raise MergeError(f"sweep {new!r} already exists in {dst.safe_url}; nothing was "
                              f"copied. Give {hint}, or delete it there first "
                              f"(qkgeom sweep delete --name {new} --db {dst.safe_url})")
-    for old, _ in plan:
+    for old, _ in [] if running_ok else plan:
         trials = src.trials(old)
         running = trials.filter(trials["status"] == "running").height if trials.height else 0
         if running:
@@ -191,3 +197,32 @@ def _copy(src: Store, conn: Any, old: str, new: str, expected: dict[str, int]) -
         raise QkgeomError(f"merging {old!r}: copied row counts differ from the source's "
                           f"(table: (source, copied)) {diff}; nothing was written")
     return MergedSweep(old, new, got)
+
+
+@contextlib.contextmanager
+def gathered(base: str, refs: Sequence[tuple[str, str | None]]) -> Iterator[tuple[Store,
+                                                                                 list[str]]]:
+    """One store that holds every sweep of ``refs``, each ``(name, database or None)``
+    (None: ``base``), for a report that compares sweeps of several databases; yields the
+    store and each ref's sweep name in it. With every ref in ``base`` that is ``base``
+    itself, opened read-only; otherwise a scratch SQLite file (deleted afterwards) into
+    which the sweeps are copied as they are now (:func:`merge_sweeps`), a name that two
+    databases share getting ``@FILE`` appended."""
+    base = resolve_url(base)
+    dbs = [base if db is None else resolve_url(db) for _, db in refs]
+    if all(same_database(d, base) for d in dbs):
+        with open_store(base, create=False, readonly=True) as store:
+            yield store, [n for n, _ in refs]
+        return
+    names: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="qkgeom-compare-") as tmp:
+        url = f"sqlite:///{Path(tmp) / 'compare.db'}"
+        for (name, _), db in zip(refs, dbs):
+            new = name if name not in names else f"{name}@{Path(sqlite_path(db) or db).stem}"
+            if new in names:
+                raise MergeError(f"sweep {name!r} of {db} is named twice in the comparison")
+            merge_sweeps(db, url, [name], {name: new} if new != name else None,
+                         running_ok=True)
+            names.append(new)
+        with open_store(url) as store:
+            yield store, names
