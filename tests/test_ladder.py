@@ -121,6 +121,8 @@ def test_sweeps_of_two_databases_compared_as_cells(dbs, tmp_path):
     assert any(ln.startswith("| cpu | holds / holds / holds / holds |") for ln in lines)
     assert any(ln.startswith("| ladder/e64 | no / no / no / no |") for ln in lines)
     assert js["sweep"] == "cpu vs ladder"
+    assert (tmp_path / "rep" / "fig-final-gap.png").stat().st_size > 1000  # faceted by cell
+    assert "![PR_Q - PR_K at the last probe per layer, one panel per cell" in md
     assert {k: digest(u) for k, u in dbs.items()} == before
 
 
@@ -150,3 +152,32 @@ def test_bad_comparisons_are_refused_in_one_line(dbs, tmp_path, extra, message):
     assert r.exit_code != 0 and message in r.output, r.output
     assert "Traceback" not in r.output
     assert {k: digest(u) for k, u in dbs.items()} == before
+
+
+def test_open_study_exposes_the_factors_and_facets_a_chart(dbs, tmp_path):
+    import polars as pl
+
+    import qkgeom
+    from qkgeom.errors import QkgeomError
+    from qkgeom.report import plots
+
+    with qkgeom.open_study(dbs["ladder"], "ladder") as st:
+        assert st.factors() == ["n_embd"]  # lr is the same in both cells
+        cells = st.cells()
+        assert cells.select("cell", "n_embd", "n_trials", "terminated").rows() == [
+            ("e48", 48, 9, 9), ("e64", 64, 9, 9)]
+        t = st.trials()
+        assert t.columns[:3] == ["trial_id", "cell", "n_embd"]
+        assert t.group_by("n_embd").len().sort("n_embd").rows() == [(48, 9), (64, 9)]
+        gap = st.gap_frame()
+        means = gap.group_by("n_embd").agg(pl.col("value").mean()).sort("n_embd").rows()
+        assert means == [(48, pytest.approx(1.01)), (64, pytest.approx(-0.99))]
+        path = plots.save_chart(st.chart("final-gap"), tmp_path / "gap.png")
+        assert path.stat().st_size > 1000
+        with pytest.raises(QkgeomError, match="has the factors n_embd, cell"):
+            st.chart("final-gap", facet="lr")
+    with qkgeom.open_study(dbs["cpu"], "cpu") as st:  # no cells: frames as before
+        assert st.factors() == [] and "cell" not in st.trials().columns
+        assert st.cells()["cell"].to_list() == [None]
+        with pytest.raises(QkgeomError, match="no cells to facet by"):
+            st.chart("final-gap")

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from qkgeom import analysis as A
 from qkgeom.analysis.cells import cell_facts, grid_seeds
 from qkgeom.errors import QkgeomError
-from qkgeom.report.claims import compute_claims, grid_verdicts
+from qkgeom.report.claims import FAILS, HOLDS, NO_DATA, compute_claims, grid_verdicts
 from qkgeom.report.sensitivity import CellVerdicts, Factor, across_cells, study_factors
 
 if TYPE_CHECKING:
@@ -109,3 +109,85 @@ def glance(store: Store, parts: Sequence[Part], *, seed: int = 0,
                     "per_seed": seed_stability(store, scope, seed=seed,
                                                finished_only=finished_only)}
             for label, scope in parts}
+
+
+# ------------------------------------------------------------------ the comparison's tables
+
+ARMS_SHOWN = ("none", "hold", "shrink", "shrink_act")
+SHORT = {HOLDS: "holds", FAILS: "no", NO_DATA: "?"}
+
+
+def _duration(s: float | None) -> str:
+    if s is None:
+        return "-"
+    return f"{int(s // 3600)} h {int(s % 3600 // 60):02d} min" if s >= 3600 else \
+        f"{int(s // 60)} min {int(s % 60):02d} s"
+
+
+def glance_rows(facts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per cell of :func:`glance`'s facts: trials, time, mean test loss per arm,
+    claim 2's gap at the last probe per grid seed, the last layer's PR_Q / PR_K per depth."""
+    rows = []
+    for label, g in facts.items():
+        tl = g["test_loss"]
+        rows.append({
+            "cell": label, "trials (terminated)": f"{g['trials']} ({g['terminated']})",
+            "trial time (sum)": _duration(g["trial_s"]), "first start to last end":
+                _duration(g["span_s"]),
+            "mean test loss (" + " / ".join(ARMS_SHOWN) + ")": " / ".join(
+                A.fmt(tl[a], 3) if tl.get(a) is not None else "-" for a in ARMS_SHOWN),
+            "PR_Q > PR_K at the last probe, (trial, layer) units per seed": ", ".join(
+                f"seed {s}: {a}/{n}" for s, (a, n) in g["gap_per_seed"].items()) or "-",
+            "last layer, mean PR_Q / PR_K (PR_Q > PR_K in k of n runs)": "; ".join(
+                f"d{d}: {v['pr_q']:.2f} / {v['pr_k']:.2f} ({v['q_gt_k']}/{v['n']})"
+                for d, v in g["last_layer"].items()) or "-"})
+    return rows
+
+
+def seed_rows(cells: Sequence[CellVerdicts], facts: dict[str, dict[str, Any]]
+              ) -> list[dict[str, Any]]:
+    """One row per cell: each grid claim decided on every grid seed alone, then on all
+    the cell's seeds (its verdict)."""
+    rows = []
+    for cv in cells:
+        per = facts.get(cv.label, {}).get("per_seed", {})
+        keys = list(dict.fromkeys(k for v in per.values() for k in v))
+        head = " / ".join([*(f"seed {s}" for s in per), "all"])
+        rows.append({"cell": cv.label, **{
+            f"{k}: {head}": " / ".join(SHORT.get(v.get(k, NO_DATA), "?") for v in
+                                       [*per.values(), cv.verdicts]) for k in keys}})
+    return rows
+
+
+GLANCE_NOTE = ("Trial time sums each terminated trial's start to end (its last attempt); "
+               "the span includes pauses between resumed runs. The gap counts (trial, "
+               "layer) units of the grid seeds' baseline trials at the last probe.")
+SEEDS_NOTE = ("The grid claims decided on each grid seed's trials alone (a filter on the "
+              "stored trials), then on all seeds: 'holds', 'no' (does not hold), '?' (not "
+              "enough data). A verdict that holds only with every seed pooled rests on the "
+              "pooling.")
+
+
+FINAL_GAP_CAPTION = ("PR_Q - PR_K at the last probe per layer, one panel per cell, rows = "
+                     "depth, mean over the grid seeds' baseline runs (claim 2 across cells)")
+
+
+def cells_chart(store: Store, parts: Sequence[tuple[str, A.Scope]],
+                 fin: bool) -> dict[str, Any]:
+    """The comparison's own figure: claim 2's final gap per layer, faceted by cell."""
+    import polars as pl
+
+    from qkgeom.report import plots
+
+    frames = []
+    for label, scope in parts:
+        try:
+            units = A.pr_gap_units(store, scope, level="run", finished_only=fin)
+        except QkgeomError:
+            continue
+        final = A.summarise_gap(units, summary="final", level="run")
+        frames.append(final.select("depth", "init", "layer", "value")
+                      .with_columns(pl.lit(label).alias("cell")))
+    if not frames:
+        return {}
+    return {"final-gap": plots.final_gap(pl.concat(frames), facet="cell")}

@@ -272,3 +272,30 @@ def to_png(chart: alt.TopLevelMixin, *, scale: float = 2.0) -> bytes:
 def _vl_version() -> str:
     # e.g. "6.1.0" -> "6.1", the form vl_convert expects
     return ".".join(alt.SCHEMA_VERSION.lstrip("v").split(".")[:2])
+
+
+def final_gap(df: Any, *, facet: str = "cell") -> alt.FacetChart:
+    """PR_Q - PR_K at the last probe per (depth, layer), one panel per value of ``facet``
+    (a cell label or a factor such as ``n_embd``), one colour per initialisation: where
+    the gap turns negative as the factor moves (claim 2, seen across cells).
+
+    ``df`` columns: ``facet``, depth, init, layer, value (the gap of one run or already a
+    mean; averaged over seeds here). Rows are depths.
+    """
+    d = _frame(df, {facet, "depth", "init", "layer", "value"}, "final-gap")
+    d = (d.group_by([facet, "depth", "init", "layer"]).agg(pl.col("value").mean(),
+                                                          pl.len().alias("n_runs"))
+         .sort([facet, "depth", "init", "layer"]))
+    points = alt.Chart().mark_line(point=True, strokeWidth=1.4).encode(
+        x=alt.X("layer:O", title="layer"),
+        y=alt.Y("value:Q", title="PR_Q - PR_K at the last probe (dims)"),
+        color=alt.Color("init:N", title="Q/K initialisation"),
+        tooltip=[f"{facet}:N", "depth:O", "init:N", "layer:O", "n_runs:Q",
+                 alt.Tooltip("value:Q", format=".3f")],
+    )
+    zero = alt.Chart().mark_rule(color="#888", strokeDash=[3, 3]).encode(y=alt.datum(0))
+    return alt.layer(points, zero, data=d).properties(width=160, height=130).facet(
+        row=alt.Row("depth:O", title="depth (layers)"),
+        column=alt.Column(f"{facet}:N", title=facet),
+    ).properties(title=f"PR_Q - PR_K at the last probe per layer, by {facet} "
+                       "(mean over seeds; below the dashed line keys end above queries)")

@@ -43,14 +43,20 @@ from qkgeom.report.claims import (
     compute_claims,
 )
 from qkgeom.report.compare import (
+    FINAL_GAP_CAPTION,
     FINDINGS,
+    GLANCE_NOTE,
     RULES_VERSION,
+    SEEDS_NOTE,
     as_scope,
+    cells_chart,
     column,
     comparison_parts,
     decide_cells,
     glance,
+    glance_rows,
     part_factors,
+    seed_rows,
 )
 from qkgeom.report.html import escape, html_table, page, verdict_cell
 from qkgeom.report.sensitivity import CellVerdicts, Factor, sensitivity_table
@@ -253,8 +259,10 @@ def compare_cells(store: Store, parts: Sequence[tuple[str, A.Scope]], *, seed: i
         design_text, design, scale_rows, scale = _designs(store, wholes, finished_only)
     title = " vs ".join(w.name for w in wholes)
     where = "; ".join(dict.fromkeys(_where(w) for w in wholes if w.filtered))
+    charts = cells_chart(store, parts, finished_only)
+    figures = [("final-gap", FINAL_GAP_CAPTION)] if charts else []
     return Report(title, seed, n_boot, finished_only, design_text, design, scale_rows,
-                  scale, [], [], {}, [], {}, subs[0][1].calibration, where=where,
+                  scale, [], [], charts, figures, {}, subs[0][1].calibration, where=where,
                   cells=[(cv, rep) for cv, (_, rep) in zip(verdicts, subs)],
                   factors=factors, sensitivity=sensitivity_table(verdicts, keys, factors),
                   glance=glance(store, parts, seed=seed, finished_only=finished_only))
@@ -292,59 +300,6 @@ def cell_rows(rep: Report) -> list[dict[str, Any]]:
     """One row per cell: its label, factor values and each claim's verdict."""
     return [{"cell": cv.label, **{f.label: cv.factors.get(f.name) for f in rep.factors},
              **cv.verdicts} for cv, _ in rep.cells]
-
-
-ARMS_SHOWN = ("none", "hold", "shrink", "shrink_act")
-SHORT = {HOLDS: "holds", FAILS: "no", NO_DATA: "?"}
-
-
-def _duration(s: float | None) -> str:
-    if s is None:
-        return "-"
-    return f"{int(s // 3600)} h {int(s % 3600 // 60):02d} min" if s >= 3600 else \
-        f"{int(s // 60)} min {int(s % 60):02d} s"
-
-
-def glance_rows(rep: Report) -> list[dict[str, Any]]:
-    """One row per cell: trials, time, mean test loss per arm, claim 2's gap at the last
-    probe per grid seed, and the last layer's PR_Q / PR_K per depth."""
-    rows = []
-    for label, g in rep.glance.items():
-        tl = g["test_loss"]
-        rows.append({
-            "cell": label, "trials (terminated)": f"{g['trials']} ({g['terminated']})",
-            "trial time (sum)": _duration(g["trial_s"]), "first start to last end":
-                _duration(g["span_s"]),
-            "mean test loss (" + " / ".join(ARMS_SHOWN) + ")": " / ".join(
-                A.fmt(tl[a], 3) if tl.get(a) is not None else "-" for a in ARMS_SHOWN),
-            "PR_Q > PR_K at the last probe, (trial, layer) units per seed": ", ".join(
-                f"seed {s}: {a}/{n}" for s, (a, n) in g["gap_per_seed"].items()) or "-",
-            "last layer, mean PR_Q / PR_K (PR_Q > PR_K in k of n runs)": "; ".join(
-                f"d{d}: {v['pr_q']:.2f} / {v['pr_k']:.2f} ({v['q_gt_k']}/{v['n']})"
-                for d, v in g["last_layer"].items()) or "-"})
-    return rows
-
-
-def seed_rows(rep: Report) -> list[dict[str, Any]]:
-    """One row per cell: each grid claim decided on every grid seed alone, then on all."""
-    rows = []
-    for cv, _ in rep.cells:
-        per = rep.glance.get(cv.label, {}).get("per_seed", {})
-        keys = list(dict.fromkeys(k for v in per.values() for k in v))
-        head = " / ".join([*(f"seed {s}" for s in per), "all"])
-        rows.append({"cell": cv.label, **{
-            f"{k}: {head}": " / ".join(SHORT.get(v.get(k, NO_DATA), "?") for v in
-                                       [*per.values(), cv.verdicts]) for k in keys}})
-    return rows
-
-
-GLANCE_NOTE = ("Trial time sums each terminated trial's start to end (its last attempt); "
-               "the span includes pauses between resumed runs. The gap counts (trial, "
-               "layer) units of the grid seeds' baseline trials at the last probe.")
-SEEDS_NOTE = ("The grid claims decided on each grid seed's trials alone (a filter on the "
-              "stored trials), then on all seeds: 'holds', 'no' (does not hold), '?' (not "
-              "enough data). A verdict that holds only with every seed pooled rests on the "
-              "pooling.")
 
 
 # --------------------------------------------------------------------------- rendering
@@ -392,9 +347,12 @@ def render_markdown(rep: Report) -> str:
         return "\n".join(md + _md_claims(rep, "##", ""))
     md += [f"## Verdicts by cell ({len(rep.cells)} cells)", "", rep.calibration, "",
            _md_table(cell_rows(rep)), "", "## Sensitivity: claim x factor", "",
-           SENSITIVITY_NOTE, "", _md_table(rep.sensitivity), "", "## Cells at a glance", "",
-           GLANCE_NOTE, "", _md_table(glance_rows(rep)), "", "## Seed stability", "",
-           SEEDS_NOTE, "", _md_table(seed_rows(rep)), ""]
+           SENSITIVITY_NOTE, "", _md_table(rep.sensitivity), ""]
+    for name, caption in rep.figures:
+        md += [f"![{caption}](fig-{name}.png)", "", f"*{caption}*", ""]
+    md += ["## Cells at a glance", "",
+           GLANCE_NOTE, "", _md_table(glance_rows(rep.glance)), "", "## Seed stability", "",
+           SEEDS_NOTE, "", _md_table(seed_rows([cv for cv, _ in rep.cells], rep.glance)), ""]
     for cv, sub in rep.cells:
         md += [f"## Cell {cv.label}", "", sub.design_text, "", _md_table(sub.design), ""]
         md += _md_claims(sub, "###", f"{_slug(cv.label)}-")
@@ -436,10 +394,13 @@ def render_html(rep: Report, svgs: dict[str, str]) -> str:
         h += [f"<h2>Verdicts by cell ({len(rep.cells)} cells)</h2>",
               f"<p>{escape(rep.calibration)}</p>", html_table(cell_rows(rep), verdicts=True),
               "<h2>Sensitivity: claim x factor</h2>", f"<p>{escape(SENSITIVITY_NOTE)}</p>",
-              html_table(rep.sensitivity), "<h2>Cells at a glance</h2>",
-              f"<p>{escape(GLANCE_NOTE)}</p>", html_table(glance_rows(rep)),
+              html_table(rep.sensitivity)]
+        h += [f"<figure>{svgs[name]}<figcaption>{escape(caption)}</figcaption></figure>"
+              for name, caption in rep.figures if name in svgs]
+        h += ["<h2>Cells at a glance</h2>",
+              f"<p>{escape(GLANCE_NOTE)}</p>", html_table(glance_rows(rep.glance)),
               "<h2>Seed stability</h2>", f"<p>{escape(SEEDS_NOTE)}</p>",
-              html_table(seed_rows(rep))]
+              html_table(seed_rows([cv for cv, _ in rep.cells], rep.glance))]
         for cv, sub in rep.cells:
             h += [f"<h2>Cell {escape(cv.label)}</h2>",
                   "<p>" + escape(sub.design_text).replace("**", "") + "</p>",

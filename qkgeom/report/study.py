@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from qkgeom.store import Store
 
 FINISHED = "terminated"
-CHART_KINDS = ("trajectories", "metric", "intervention", "correlation", "checkpoints")
+CHART_KINDS = ("trajectories", "metric", "intervention", "correlation", "checkpoints",
+               "final-gap")
 ARM_METRICS = ("entropy", "pr_wk", "pr_k")
 TRIAL_COLUMNS = {
     "trial_id": pl.Int64, "trial_key": pl.String, "depth": pl.Int64, "init": pl.String,
@@ -89,7 +90,8 @@ class Study:
 
     # ------------------------------------------------------------------ frames
     def trials(self) -> pl.DataFrame:
-        """One row per trial: trial_id, trial_key, depth, init, arm, seed, status, attempts,
+        """One row per trial: trial_id, (cell and factor columns for a sweep with cells,
+        :meth:`factor_frame`), trial_key, depth, init, arm, seed, status, attempts,
         step (latest probe), max_steps, progress (step / max_steps; 1 once terminated),
         val_loss (at the latest probe), test_loss (once finished), host, device, error (the
         last line of the trial's error text), stale_s (a running trial's seconds without a
@@ -126,7 +128,76 @@ class Study:
                 "progress": prog, "val_loss": _num(val), "test_loss": _num(r["test_loss"]),
                 "host": r["host"] or "", "device": r["device"] or "",
                 "error": err[-1] if err else "", "stale_s": stale})
-        return pl.DataFrame(rows, schema=TRIAL_COLUMNS, orient="row" if rows else None)
+        return self._with_factors(pl.DataFrame(rows, schema=TRIAL_COLUMNS,
+                                               orient="row" if rows else None))
+
+    # ------------------------------------------------------------------ factors
+    def factors(self) -> list[str]:
+        """The factors of the sweep's cells (a spec with ``cells`` or ``axes``): config
+        keys whose value differs between cells, one name for keys that always change
+        together (``n_embd`` with ``block_size``); empty for a sweep without cells."""
+        return [f.name for f in self._factors()[0]]
+
+    def _factors(self) -> tuple[list[Any], dict[str, dict[str, Any]]]:
+        from qkgeom.report.sensitivity import study_factors
+
+        rows = A.trial_rows(self.store, self.name)
+        cells = sorted({r["cell"] for r in rows if r["cell"] is not None})
+        if len(cells) < 2:
+            return [], {}
+        return study_factors({c: [r["config"] for r in rows if r["cell"] == c]
+                              for c in cells})
+
+    def factor_frame(self) -> pl.DataFrame:
+        """One row per trial: trial_id, cell and one column per factor (:meth:`factors`)
+        with the trial's value: what to join a frame on to group it by factor."""
+        factors, values = self._factors()
+        rows = [{"trial_id": r["trial_id"], "cell": r["cell"],
+                 **{f.name: values.get(r["cell"], {}).get(f.name) for f in factors}}
+                for r in A.trial_rows(self.store, self.name)]
+        if not rows:
+            return pl.DataFrame(schema={"trial_id": pl.Int64, "cell": pl.String})
+        return pl.DataFrame(rows, schema_overrides={"trial_id": pl.Int64, "cell": pl.String},
+                            strict=False, infer_schema_length=None)
+
+    def cells(self) -> pl.DataFrame:
+        """One row per cell: cell, each factor's value, n_trials, terminated (one row with
+        cell null for a sweep without cells)."""
+        f = self.factor_frame()
+        t = self.store.trials(self.name).select(pl.col("id").alias("trial_id"), "status")
+        j = f.join(t, on="trial_id")
+        keys = [c for c in f.columns if c != "trial_id"]
+        return (j.group_by(keys, maintain_order=True)
+                .agg(pl.len().alias("n_trials"),
+                     (pl.col("status") == FINISHED).sum().alias("terminated"))
+                .sort("cell", nulls_last=True))
+
+    def _facet(self, facet: str | None) -> str:
+        """A chart's facet: a factor of the sweep or ``cell`` (default: the first
+        factor); anything else is refused with the choices."""
+        names = self.factors()
+        if facet is None:
+            if not names:
+                raise QkgeomError(f"sweep {self.name!r} has no cells to facet by; the "
+                                  "final-gap chart needs a sweep with cells or axes")
+            return names[0]
+        if facet not in (*names, "cell"):
+            raise QkgeomError(f"facet {facet!r}: sweep {self.name!r} has the factors "
+                              f"{', '.join([*names, 'cell']) if names else 'none'}")
+        return facet
+
+    def _with_factors(self, df: pl.DataFrame) -> pl.DataFrame:
+        """``df`` (with trial_id) with the cell and factor columns after trial_id (a sweep
+        with cells; others are returned as they are)."""
+        if not self._factors()[0]:
+            return df
+        f = self.factor_frame()
+        extra = [c for c in f.columns if c != "trial_id" and c not in df.columns]
+        if not extra:
+            return df
+        out = df.join(f.select("trial_id", *extra), on="trial_id", how="left")
+        i = df.columns.index("trial_id") + 1
+        return out.select([*df.columns[:i], *extra, *df.columns[i:]])
 
     def progress(self) -> dict[str, Any]:
         """The whole study's progress: n_trials, counts per status, stale (running trials
@@ -156,8 +227,9 @@ class Study:
         df = Q.sweep_layer_values(self.store, self.sweep_id, metric, arm=arm,
                                   status=FINISHED if finished_only else None)
         if per_trial:
-            return df.select("trial_id", "depth", "init", "arm", "seed", "status", "step",
-                             "progress", "layer", "value")
+            return self._with_factors(df.select("trial_id", "depth", "init", "arm", "seed",
+                                                "status", "step", "progress", "layer",
+                                                "value"))
         return (df.group_by(["depth", "init", "arm", "layer", "step"])
                 .agg(pl.col("progress").mean(), pl.col("value").mean(),
                      pl.col("value").count().alias("n_seeds"))
@@ -168,7 +240,7 @@ class Study:
         seed, status, layer, step, value, test_loss (a running trial's latest probe is not
         the end of training: filter on status, or pass ``finished_only``)."""
         metric = A.check_metric(self.store, metric)
-        df = Q.final_values(self.store, self.sweep_id, metric)
+        df = self._with_factors(Q.final_values(self.store, self.sweep_id, metric))
         return df.filter(pl.col("status") == FINISHED) if finished_only else df
 
     def arms(self, *, baseline: str = A.BASELINE_ARM) -> pl.DataFrame:
@@ -273,9 +345,20 @@ class Study:
         return build_report(self.store, self.name, out_dir, **kw)
 
     # ------------------------------------------------------------------ charts
+    def gap_frame(self, *, finished_only: bool = True) -> pl.DataFrame:
+        """PR_Q - PR_K at each baseline trial's last probe, per layer: trial_id, the cell
+        and factor columns (a sweep with cells), depth, init, seed, layer, value."""
+        q = self.finals("pr_q", finished_only=finished_only)
+        k = self.finals("pr_k", finished_only=finished_only)
+        keys = [c for c in q.columns if c not in ("value", "step", "test_loss", "status")]
+        j = q.join(k.select("trial_id", "layer", pl.col("value").alias("pr_k")),
+                   on=["trial_id", "layer"])
+        j = j.filter(pl.col("arm") == A.BASELINE_ARM)
+        return j.select(*keys, (pl.col("value") - pl.col("pr_k")).alias("value"))
+
     def chart(self, kind: str = "trajectories", *, metric: str | None = None,
               per_trial: bool = False, finished_only: bool = True, x: str = "pr_k",
-              y: str = "entropy", seed: int = 0) -> Any:
+              y: str = "entropy", seed: int = 0, facet: str | None = None) -> Any:
         """The project's altair charts (they render inline in Jupyter).
 
         ``trajectories``: PR_Q and PR_K per layer (``qkgeom plot trajectories``; one pair
@@ -283,7 +366,9 @@ class Study:
         ``metric``, that metric per layer of the baseline arm, mean over seeds or one line
         per seed (``per_trial``); ``metric`` alone is the same; ``intervention``: the arms
         over training; ``correlation``: ``y`` against ``x``; ``checkpoints``: PR_Q - PR_K
-        over the pretrained models' checkpoints (:meth:`checkpoint_frame`).
+        over the pretrained models' checkpoints (:meth:`checkpoint_frame`); ``final-gap``:
+        PR_Q - PR_K at the last probe per layer, one panel per value of ``facet`` (a factor
+        of :meth:`factors`, or ``cell``; default the first factor).
         ``finished_only`` as in the CLI (pass False for a running sweep).
         """
         from qkgeom.report import plots
@@ -311,6 +396,9 @@ class Study:
                                                          finished_only=fin))
         if kind == "checkpoints":
             return plots.checkpoint_trends(self.checkpoint_frame())
+        if kind == "final-gap":
+            return plots.final_gap(self.gap_frame(finished_only=fin),
+                                   facet=self._facet(facet))
         if kind == "intervention":
             return plots.intervention(A.intervention_frame(self.store, self.name,
                                                            finished_only=fin))
