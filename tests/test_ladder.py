@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -181,3 +182,31 @@ def test_open_study_exposes_the_factors_and_facets_a_chart(dbs, tmp_path):
         assert st.cells()["cell"].to_list() == [None]
         with pytest.raises(QkgeomError, match="no cells to facet by"):
             st.chart("final-gap")
+
+
+def test_the_live_page_groups_and_filters_by_factor(dbs):
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+
+    from qkgeom.web.serve import create_app
+
+    before = digest(dbs["ladder"])
+    with TestClient(create_app(dbs["ladder"], n_boot=200, wait_s=60, update_every_s=0)) as c:
+        page = c.get("/sweeps/ladder?refresh=0").text
+        assert "<h2>By factor</h2>" in page and "grouped by n_embd" in page
+        table = page[page.index("id='by-factor'"):]
+        table = table[:table.index("</table>")]
+        # per width: 9 trials; the gap is +1.01 (mean over seeds) at 48, -0.99 at 64
+        assert re.search(r"<td[^>]*>48</td><td[^>]*>9</td><td[^>]*>9</td>", table), table
+        assert "18 of 18" in table and "0 of 18" in table  # (trial, layer) units per width
+        assert "<figure id='factor-chart'><svg" in page
+        assert page.count("<th><a href") == 14  # the trial table gains a cell column
+        one = c.get("/sweeps/ladder?refresh=0&f.n_embd=64&group=cell").text
+        trials = one[one.index("id='trials'"):]
+        assert trials.count("e64.d2-") == 9 and "e48.d2-" not in trials
+        assert "Shown: n_embd=64, grouped by cell" in one
+        bad = c.get("/sweeps/ladder?f.n_emb=64")
+        assert bad.status_code == 400 and "&#x27;n_emb&#x27; is not a factor" in bad.text
+        bad = c.get("/sweeps/ladder?group=seedz")
+        assert bad.status_code == 400 and "factors: n_embd, cell" in bad.text
+    assert digest(dbs["ladder"]) == before

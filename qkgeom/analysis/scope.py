@@ -150,7 +150,7 @@ def check_scope(scope: Scope, rows: Sequence[dict[str, Any]]) -> None:
             if not any(same(factor_value(r, key), v) for r in rows):
                 raise AnalysisError(
                     f"--where {key}={v}: no trial of sweep {scope.name!r} has that value; "
-                    f"values present: {', '.join(sorted(present, key=_order))}")
+                    f"values present: {', '.join(sorted(present, key=value_order))}")
     if scope.seeds is not None:
         have = sorted({r["seed"] for r in rows})
         missing = [s for s in scope.seeds if s not in have]
@@ -163,7 +163,8 @@ def check_scope(scope: Scope, rows: Sequence[dict[str, Any]]) -> None:
                             "each condition alone matches some, together none")
 
 
-def _order(text: str) -> tuple[int, float, str]:
+def value_order(text: str) -> tuple[int, float, str]:
+    """Sort key of values typed or shown as text: numbers by value first, then text."""
     try:
         return (0, float(text), text)
     except ValueError:

@@ -12,7 +12,8 @@ verdict (it shows the previous verdicts, marked, until the new ones are ready).
 Routes (``NAME`` a sweep):
 
 * ``/``: the sweeps, their trials and progress;
-* ``/sweeps/NAME``: progress, trial table (``sort=COLUMN``, ``desc=1``), trajectories of
+* ``/sweeps/NAME``: progress, for a sweep with cells the factor view (``group=FACTOR``,
+  ``f.FACTOR=VALUE`` filters the trials), trial table (``sort=COLUMN``, ``desc=1``), trajectories of
   ``metric`` (default PR_Q and PR_K; ``view=mean|trial``), the arms beside their
   baselines, the claims with their verdicts (``unfinished=1`` counts unfinished trials),
   pretrained models;
@@ -54,6 +55,15 @@ from qkgeom.report.html import escape as _e
 from qkgeom.report.html import html_table, page, verdict_cell
 from qkgeom.report.study import FINISHED, Study
 from qkgeom.web.background import Failed, Jobs
+from qkgeom.web.sections import (
+    BadRequest,
+    arms_section,
+    counts,
+    factor_section,
+    filter_trials,
+    reload_note,
+    sweep_header,
+)
 
 if TYPE_CHECKING:
     from qkgeom.store import Store
@@ -75,10 +85,6 @@ class ServeError(QkgeomError):
 
 class NotFound(QkgeomError):
     """An unknown sweep, metric or page: answered with 404 and the message."""
-
-
-class BadRequest(QkgeomError):
-    """A bad query parameter: answered with 400 and the message."""
 
 
 def is_loopback(host: str) -> bool:
@@ -242,14 +248,14 @@ class Server:
             p = Study(self.store, name).progress()
             rows.append(f"<tr><td><a href='/sweeps/{_e(quote(name, safe=''))}'>{_e(name)}</a></td>"
                         f"<td class='num'>{p['n_trials']}</td>"
-                        f"<td>{_e(_counts(p['status']))}</td>"
+                        f"<td>{_e(counts(p['status']))}</td>"
                         f"<td><progress value='{p['fraction']:.4f}' max='1'></progress> "
                         f"{p['fraction']:.0%}</td></tr>")
         table = ("<table id='sweeps'><thead><tr><th>sweep</th><th>trials</th><th>status</th>"
                  "<th>progress</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
                  if rows else "<p class='note'>No sweeps in this database yet.</p>")
         body = (f"<h1>qkgeom: {_e(self.store.safe_url)}</h1>{table}"
-                f"<p class='note'>{_reload_note(refresh)}</p>")
+                f"<p class='note'>{reload_note(refresh)}</p>")
         return HTMLResponse(page("qkgeom sweeps", body, refresh=refresh))
 
     def sweep_page(self, req: Request) -> Response:
@@ -259,7 +265,7 @@ class Server:
         unfinished = self._flag(req, "unfinished")
         sort = req.query_params.get("sort") or "trial_id"
         desc = self._flag(req, "desc")
-        trials = st.trials()
+        trials, filters, group = filter_trials(st, st.trials(), req.query_params)
         if sort not in trials.columns:
             raise BadRequest(f"sort={sort!r}: sort by one of {', '.join(trials.columns)}")
         version = st.version()
@@ -280,14 +286,14 @@ class Server:
         def link(**kw: Any) -> str:
             return "?" + urlencode({**q, **{k: v for k, v in kw.items()}})
 
-        out = [_sweep_header(st, prog), "<h2>Trials</h2>",
-               self._trial_table(trials, sort, desc, link),
+        out = [sweep_header(st, prog), factor_section(st, trials, filters, group, q),
+               "<h2>Trials</h2>", self._trial_table(trials, sort, desc, link),
                self._chart_section(st, version, metric, view, q, wait_s=left()),
-               _arms_section(st.arms()),
+               arms_section(st.arms()),
                self._claims_section(st, version, unfinished, not prog["finished"], link,
                                     wait_s=left()),
                self._pretrained_section(st, version, wait_s=left()),
-               f"<p class='note'>{_reload_note(refresh)}</p>"]
+               f"<p class='note'>{reload_note(refresh)}</p>"]
         return HTMLResponse(page(f"qkgeom: {st.name}", "".join(out), refresh=refresh))
 
     def _chart_section(self, st: Study, version: Any, metric: str, view: str,
@@ -364,7 +370,8 @@ class Server:
                      link: Callable[..., str]) -> str:
         t = trials.sort(sort, descending=desc, nulls_last=True)
         head = []
-        for col, label in TRIAL_HEADERS:
+        cell = "cell" in t.columns  # a sweep with cells
+        for col, label in TRIAL_HEADERS[:1] + [("cell", "cell")] * cell + TRIAL_HEADERS[1:]:
             arrow = (" ▼" if desc else " ▲") if col == sort else ""
             nd = 0 if col == sort and desc else (1 if col == sort else 0)
             head.append(f"<th><a href='{_e(link(sort=col, desc=nd))}'>{_e(label)}{arrow}</a>"
@@ -372,7 +379,8 @@ class Server:
         body = []
         for r in t.iter_rows(named=True):
             step = "-" if r["step"] is None else f"{r['step']}/{r['max_steps'] or '?'}"
-            cells = [f"<td>{_e(r['trial_key'])}</td>", _cell(r["depth"]), _cell(r["init"]),
+            cells = [f"<td>{_e(r['trial_key'])}</td>", *([_cell(r["cell"])] if cell else []),
+                     _cell(r["depth"]), _cell(r["init"]),
                      _cell(r["arm"]), _cell(r["seed"]),
                      _status_cell(r["status"], r["stale_s"]),
                      _cell(r["attempts"]), f"<td class='num'>{_e(step)}</td>",
@@ -435,33 +443,6 @@ class Server:
         return HTMLResponse(text)
 
 
-def _sweep_header(st: Study, prog: dict[str, Any]) -> str:
-    """Navigation, title and the progress line of a sweep's page."""
-    name = _e(quote(st.name, safe=""))
-    provisional = not prog["finished"]
-    return (f"<nav><a href='/'>all sweeps</a><a href='/sweeps/{name}/report.html'>report"
-            f"</a><a href='/sweeps/{name}/trials.csv'>trials.csv</a>"
-            f"<a href='/sweeps/{name}/trials.parquet'>trials.parquet</a>"
-            f"<a href='/sweeps/{name}/claims.json'>claims.json</a></nav>"
-            f"<h1>sweep {_e(st.name)}</h1>"
-            f"<p id='progress'><progress value='{prog['fraction']:.4f}' max='1'></progress> "
-            f"{prog['fraction']:.1%} of training done; {prog['n_trials']} trials: "
-            f"{_e(_counts(prog['status']))}"
-            + (f" <span class='s-stale'>({prog['stale']} running without a heartbeat: "
-               "the driver is gone?)</span>" if prog.get("stale") else "")
-            + ("" if not provisional else " (study running or incomplete: verdicts are "
-               "provisional)") + "</p>")
-
-
-def _arms_section(arms: pl.DataFrame) -> str:
-    if not arms.height:
-        return ""
-    return ("<h2>Arms beside their baselines</h2><p class='note'>Latest probe, mean "
-            "over layers; pr_wk = achieved W_K weight PR, pr_k = key PR_K; baseline_* "
-            "= the arm-none trial of the same depth, init and seed.</p>"
-            + html_table(arms.to_dicts(), table_id="arms"))
-
-
 def _pending(got: Any) -> str:
     if isinstance(got, Failed):
         return f"could not compute it: {got.message}"
@@ -472,15 +453,6 @@ def _status_cell(status: str, stale_s: float | None) -> str:
     if stale_s is not None:  # running in the database, but its driver is gone
         return f"<td class='s-stale'>{_e(status)} (stale)</td>"
     return f"<td class='s-{_e(status)}'>{_e(status)}</td>"
-
-
-def _counts(status: dict[str, int]) -> str:
-    return ", ".join(f"{n} {s}" for s, n in sorted(status.items())) or "no trials yet"
-
-
-def _reload_note(refresh: int) -> str:
-    return (f"This page reloads every {refresh} s (add ?refresh=0 to stop)." if refresh
-            else "Automatic reloading is off.")
 
 
 def _download(body: str | bytes, media: str, filename: str) -> Response:
