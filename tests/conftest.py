@@ -1,4 +1,5 @@
-"""Session-wide fixtures (where the real WikiText files are, a private data cache) and the
+"""Every fixture of the tests (where the real WikiText files are, a private data cache,
+scratch directories, SQLite and PostgreSQL databases) and the
 CI rule: under CI (any truthy ``CI``: true, 1, yes, on) a skipped test fails the run unless
 it carries a marker for hardware the machine lacks (``@pytest.mark.gpu``); see
 tests/ci_env.py."""
@@ -6,6 +7,10 @@ tests/ci_env.py."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -92,3 +97,97 @@ def tiny_cfg(wikitext_dir: Path):
     from qkgeom.config import preset
 
     return preset("smoke").with_overrides({"dataset": str(wikitext_dir)})
+
+
+# --------------------------------------------------------------------------- databases
+# PostgreSQL: the server named by ``$QKGEOM_TEST_PG_URL`` (``.ci/postgres.sh`` starts one
+# and prints it). Without the variable the PostgreSQL cases skip, except under CI (any
+# truthy ``CI``) where they fail.
+
+PG_ENV = "QKGEOM_TEST_PG_URL"
+BACKENDS = ["sqlite", "postgresql"]
+
+
+def pg_server_url() -> str:
+    url = os.environ.get(PG_ENV, "").strip()
+    if not url:
+        msg = (f"${PG_ENV} is not set; start a server with: "
+               f'eval "$(bash .ci/postgres.sh | tail -1)"')
+        skip_or_fail(msg)
+    return url
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL schema for this test, dropped afterwards.
+
+    A schema (selected through ``options=-csearch_path=...`` in the URL) rather than a
+    database: CREATE DATABASE costs ~1 s a test, CREATE SCHEMA a few ms, and every table,
+    view and alembic_version lands in it all the same.
+    """
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    server = make_url(pg_server_url())
+    name = f"qkgeom_t_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{name}"'))
+    try:
+        yield server.update_query_dict({"options": f"-csearch_path={name}"}).render_as_string(
+            hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP SCHEMA IF EXISTS "{name}" CASCADE'))
+        admin.dispose()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path) -> str:
+    return f"sqlite:///{tmp_path / 'results.db'}"
+
+
+@pytest.fixture(params=BACKENDS)
+def db_url(request) -> str:
+    """A URL of a new, empty database, once for SQLite and once for PostgreSQL."""
+    if request.param == "sqlite":
+        return request.getfixturevalue("sqlite_url")
+    return request.getfixturevalue("pg_url")
+
+
+@pytest.fixture
+def store(db_url):
+    from qkgeom.store import open_store
+
+    s = open_store(db_url)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def pg_database_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for one test (dropped afterwards)."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    base = make_url(pg_server_url())
+    name = f"qk_sweep_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(base, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield base.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as c:
+            c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture
+def scratch() -> Iterator[Path]:
+    """A short scratch directory under /tmp (Unix socket paths must stay short)."""
+    d = Path(tempfile.mkdtemp(prefix="qksw-", dir="/tmp"))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

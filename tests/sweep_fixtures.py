@@ -1,4 +1,5 @@
-"""Helpers for the sweep/tune/cluster tests (imported by them; not a conftest).
+"""Helpers for the sweep/tune/cluster tests (functions; the fixtures ``scratch`` and
+``pg_database_url`` are in tests/conftest.py).
 
 Ray's scratch (``_temp_dir``) and Tune's storage live under short directories in /tmp,
 never in the repository. PostgreSQL tests read ``QKGEOM_TEST_PG_URL`` (``.ci/postgres.sh``)
@@ -9,56 +10,12 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
-from ci_env import skip_or_fail
 
 ROOT = Path(__file__).resolve().parents[1]
 QKGEOM = str(Path(sys.executable).with_name("qkgeom"))
-
-
-def pg_base_url() -> str:
-    url = os.environ.get("QKGEOM_TEST_PG_URL")
-    if not url:
-        msg = "QKGEOM_TEST_PG_URL not set (eval \"$(bash .ci/postgres.sh | tail -1)\")"
-        skip_or_fail(msg)
-    return url
-
-
-@pytest.fixture
-def pg_url() -> Iterator[str]:
-    """A fresh, empty PostgreSQL database for one test (dropped afterwards)."""
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-
-    base = make_url(pg_base_url())
-    name = f"qk_sweep_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(base, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield base.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as c:
-            c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-
-@pytest.fixture
-def scratch() -> Iterator[Path]:
-    """A short scratch directory under /tmp (Unix socket paths must stay short)."""
-    d = Path(tempfile.mkdtemp(prefix="qksw-", dir="/tmp"))
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def cli_env(scratch: Path) -> dict[str, str]:

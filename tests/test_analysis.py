@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
+from helpers import run
 from scipy.stats import spearmanr
 from stats_fixtures import make_synthetic_db, write_pretrained_family
 
@@ -29,13 +29,6 @@ def negative(tmp_path_factory: pytest.TempPathFactory) -> str:
     make_synthetic_db(url, sweep="negative", pr_gap=-1.0, seeds=4, depths=(2,),
                       inits=("gaussian",), arms=())
     return url
-
-
-def run(*args: str) -> tuple[int, str]:
-    from qkgeom.cli import main
-
-    r = CliRunner().invoke(main, list(args), catch_exceptions=False)
-    return r.exit_code, r.output
 
 
 def run_json(*args: str) -> dict:

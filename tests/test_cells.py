@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from sweep_fixtures import run_cli, scratch  # noqa: F401  (pytest fixture)
+from sweep_fixtures import run_cli
 
 from qkgeom.plan.spec import SpecError, build_plan, plan_from, trial_key
 

@@ -21,13 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 from ci_env import skip_or_fail
-from sweep_fixtures import (  # noqa: F401
-    ROOT,
-    assert_sweep_complete,
-    cli_env,
-    run_cli,
-    scratch,
-)
+from sweep_fixtures import ROOT, assert_sweep_complete, cli_env, run_cli
 
 CLUSTER = ROOT / "cluster"
 

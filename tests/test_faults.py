@@ -12,12 +12,9 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest_store import invoke, make_record
-from sweep_fixtures import scratch  # noqa: F401
+from helpers import invoke, make_record
 
 from qkgeom.store import TABLES, open_store
-
-pytest_plugins = ["store_fixtures"]  # db_url, sqlite_url, pg_url
 
 
 # ---------------------------------------------------------------------- SQL tricks

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest_store import invoke
+from helpers import invoke
 
 from qkgeom.records import ProbeRecord
 from qkgeom.report.claims import FAILS, HOLDS

@@ -19,8 +19,6 @@ from qkgeom.cli import main
 from qkgeom.store import open_store
 from qkgeom.store.lifecycle import STALE_AFTER, duration_text, no_heartbeat_s, stale_note
 
-pytest_plugins = ["store_fixtures"]  # db_url
-
 NOW = datetime(2026, 12, 5, 12, 0, 0, tzinfo=timezone.utc)
 
 

@@ -13,17 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from click.testing import CliRunner
+from helpers import run
 from scipy.stats import spearmanr
 
 from qkgeom import pretrained as P
-
-
-def run(*args: str) -> tuple[int, str]:
-    from qkgeom.cli import main
-
-    r = CliRunner().invoke(main, list(args), catch_exceptions=False)
-    return r.exit_code, r.output
 
 
 @pytest.fixture(scope="module")

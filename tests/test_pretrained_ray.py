@@ -12,19 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from helpers import run
 
 from qkgeom import pretrained as P
 
 KEY = "d2-gaussian-none-s0"
 MODEL = f"qkgeom:tiny/{KEY}"
-
-
-def run(*args: str) -> tuple[int, str]:
-    from qkgeom.cli import main
-
-    r = CliRunner().invoke(main, list(args), catch_exceptions=False)
-    return r.exit_code, r.output
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import torch
 from ci_env import require
-from click.testing import CliRunner
+from helpers import run
 
 transformers = require("transformers")  # an error under CI, a skip elsewhere
 tokenizers = require("tokenizers")
@@ -43,13 +43,6 @@ SPECIALS = ["<pad>", "<bos>", "<cls>", "<sep>"]
 AFFIXES = {"llama": (["<bos>"], []), "bert": (["<cls>"], ["<sep>"])}
 D, L = 64, 2
 MAX_TOKENS = "256"
-
-
-def run(*args: str) -> tuple[int, str]:
-    from qkgeom.cli import main
-
-    r = CliRunner().invoke(main, list(args), catch_exceptions=False)
-    return r.exit_code, r.output
 
 
 def repo_id(family: str) -> str:

@@ -21,8 +21,6 @@ from qkgeom.store import open_store
 from qkgeom.sweeps.provenance import SOURCE_PATHS, git_state, provenance
 from qkgeom.sweeps.ship import code_version, source_root
 
-pytest_plugins = ["store_fixtures"]  # db_url
-
 ROOT = Path(__file__).resolve().parents[1]
 
 

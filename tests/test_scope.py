@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from helpers import run
 
 from qkgeom.records import ProbeRecord
 from qkgeom.report.claims import FAILS, HOLDS
@@ -47,13 +47,6 @@ def two_cells(tmp_path_factory: pytest.TempPathFactory) -> str:
                     store.write_probes(tid, recs)
                     store.set_trial_status(tid, "terminated")
     return url
-
-
-def run(*args: str) -> tuple[int, str]:
-    from qkgeom.cli import main
-
-    r = CliRunner().invoke(main, list(args), catch_exceptions=False)
-    return r.exit_code, r.output
 
 
 def sign(url: str, *extra: str) -> dict:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from ci_env import skip_or_fail
 from stats_fixtures import make_synthetic_db
-from sweep_fixtures import QKGEOM, cli_env, scratch  # noqa: F401  (pytest fixture)
+from sweep_fixtures import QKGEOM, cli_env
 from test_serve import serve_process
 
 CHROMIUM = "/usr/bin/chromium"

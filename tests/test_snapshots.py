@@ -10,21 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from click.testing import CliRunner
-from sweep_fixtures import (  # noqa: F401  (pytest fixtures)
-    assert_matches_reference,
-    assert_sweep_complete,
-    scratch,
-)
+from helpers import run
+from sweep_fixtures import assert_matches_reference, assert_sweep_complete
 
 from qkgeom.plan.spec import SpecError, build_plan, plan_from, snapshot_every
-
-
-def run(*args: str) -> tuple[int, str]:
-    from qkgeom.cli import main
-
-    r = CliRunner().invoke(main, list(args), catch_exceptions=False)
-    return r.exit_code, r.output
 
 
 def test_snapshot_policy():

@@ -13,8 +13,6 @@ from qkgeom.cli import main
 from qkgeom.plan.pairing import baseline_rows
 from qkgeom.records import ProbeRecord
 
-pytest_plugins = ["store_fixtures"]  # db_url (SQLite and PostgreSQL)
-
 ERROR_TEXT = 'Traceback (most recent call last):\n  File "x.py"\nRuntimeError: out of memory'
 RETRY_TEXT = "Traceback ...\nqkgeom.train.InjectedFailure: fail_at_step=5: injected test failure"
 # trial -> (status, attempts, probe steps with their val_loss, host, device, error)

@@ -11,8 +11,6 @@ from qkgeom.errors import QkgeomError
 from qkgeom.store import open_store
 from qkgeom.store.schema import downgrade, upgrade
 
-pytest_plugins = ["store_fixtures"]  # db_url, sqlite_url, pg_url
-
 
 def _rows(url: str) -> list[tuple]:
     eng = create_engine(url)

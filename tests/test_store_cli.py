@@ -9,11 +9,9 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest_store import free_port, invoke, make_record
+from helpers import free_port, invoke, make_record
 
 from qkgeom.store import TABLES, open_store
-
-pytest_plugins = ["store_fixtures"]  # db_url, sqlite_url
 
 
 @pytest.fixture

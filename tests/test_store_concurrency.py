@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 
-from conftest_store import writer_process
+from helpers import writer_process
 
 from qkgeom.store import open_store
 

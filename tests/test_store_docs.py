@@ -9,13 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest_store import make_record
+from helpers import make_record
 
 from qkgeom.records import METRIC_DEFINITIONS, METRICS
 from qkgeom.store import VIEWS, open_store
 from qkgeom.store.models import Base
-
-pytest_plugins = ["store_fixtures"]  # db_url
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "schema.md"
 QUERIES = re.findall(r"```sql\n(.*?)```", DOC.read_text(), flags=re.S)

@@ -8,9 +8,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest_store import invoke, make_record
-
-pytest_plugins = ["store_fixtures"]
+from helpers import invoke, make_record
 
 TABLES = ["trials", "trial_attempts", "probes", "probe_metrics", "train_steps", "checkpoints"]
 

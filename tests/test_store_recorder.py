@@ -5,11 +5,9 @@ and PostgreSQL. The callers' own paths are in tests/test_train.py and tests/test
 
 from __future__ import annotations
 
-from conftest_store import make_record
+from helpers import make_record
 
 from qkgeom.store.recorder import TrialRecorder
-
-pytest_plugins = ["store_fixtures"]  # store
 
 
 def new_trial(store, key: str = "d1-gaussian-none-s0") -> tuple[int, int]:

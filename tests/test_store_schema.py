@@ -6,15 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest_store import invoke
+from helpers import invoke
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import make_url
 
 from qkgeom.store import VIEWS, SchemaError, head_revision, open_store
 from qkgeom.store.models import TABLES, Base
 from qkgeom.store.schema import current, downgrade, known_revisions, upgrade
-
-pytest_plugins = ["store_fixtures"]  # db_url, sqlite_url, pg_url
 
 
 def _tables_and_views(url: str) -> tuple[set[str], set[str]]:
@@ -239,7 +237,7 @@ def test_db_current_does_not_create_a_file(tmp_path):
 
 
 def test_0004_adds_test_loss_and_keeps_rows_both_ways(db_url):
-    from conftest_store import make_record
+    from helpers import make_record
 
     upgrade(db_url, "0002_views")
     eng = create_engine(db_url)

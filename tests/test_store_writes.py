@@ -7,12 +7,10 @@ import math
 import pickle
 
 import pytest
-from conftest_store import make_record
+from helpers import make_record
 
 from qkgeom.errors import QkgeomError
 from qkgeom.records import METRICS, ProbeRecord, StepRecord
-
-pytest_plugins = ["store_fixtures"]  # db_url, store
 
 KEY = ["trial_id", "step", "layer", "head_key", "metric"]
 

@@ -16,14 +16,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest_store import make_record
+from helpers import make_record
 
 from qkgeom.cli import main
 from qkgeom.records import StepRecord
 from qkgeom.store import open_store
 from qkgeom.sweeps.files import STORAGE_KEY, is_experiment_of
-
-pytest_plugins = ["store_fixtures"]  # db_url
 
 
 def cli(*args: str, input: str | None = None):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from sweep_fixtures import run_cli, scratch  # noqa: F401
+from sweep_fixtures import run_cli
 
 from qkgeom.store import open_store
 from qkgeom.sweeps.trackers import flat_result

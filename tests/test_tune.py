@@ -16,14 +16,12 @@ import time
 from pathlib import Path
 
 import pytest
-from sweep_fixtures import (  # noqa: F401  (pytest fixtures)
+from sweep_fixtures import (
     QKGEOM,
     assert_matches_reference,
     assert_sweep_complete,
     cli_env,
-    pg_url,
     run_cli,
-    scratch,
 )
 
 pytestmark = pytest.mark.ray
@@ -136,39 +134,39 @@ def test_trial_out_of_retries_ends_in_error(scratch, wikitext_dir, monkeypatch):
 
 
 @pytest.mark.postgres
-def test_cli_smoke_into_postgres(scratch, pg_url, wikitext_dir):  # noqa: F811
+def test_cli_smoke_into_postgres(scratch, pg_database_url, wikitext_dir):  # noqa: F811
     from qkgeom.plan.spec import plan_from
 
-    p = run_cli(["sweep", "--preset", "smoke", "--db", pg_url, "--data", str(wikitext_dir),
+    p = run_cli(["sweep", "--preset", "smoke", "--db", pg_database_url, "--data", str(wikitext_dir),
                  "--progress-every", "30"], scratch)
     assert "11/11 trials terminated" in p.stdout
     assert "done" in p.stdout and "ETA" in p.stdout  # our progress line, not Ray's tables
     assert "Trial status" not in p.stdout + p.stderr
     assert "qkgeom stats" in p.stdout
     plan = plan_from("smoke", data=str(wikitext_dir))
-    assert_sweep_complete(pg_url, "smoke", plan)
-    st = run_cli(["status", "--name", "smoke", "--db", pg_url], scratch)
+    assert_sweep_complete(pg_database_url, "smoke", plan)
+    st = run_cli(["status", "--name", "smoke", "--db", pg_database_url], scratch)
     assert "11 terminated" in st.stdout and "40/40" in st.stdout and "test_loss" in st.stdout
     # the final test loss of every trial is in the database
-    q = run_cli(["query", "--db", pg_url, "--format", "json",
+    q = run_cli(["query", "--db", pg_database_url, "--format", "json",
                  "SELECT trial_key, test_loss FROM trials ORDER BY trial_key"], scratch)
     losses = {r["trial_key"]: r["test_loss"] for r in json.loads(q.stdout)}
     assert len(losses) == 11 and all(1.0 < v < 6.0 for v in losses.values()), losses
     # a second start of the same sweep is refused: it must be resumed
-    again = run_cli(["sweep", "--preset", "smoke", "--db", pg_url, "--data",
+    again = run_cli(["sweep", "--preset", "smoke", "--db", pg_database_url, "--data",
                      str(wikitext_dir)], scratch, check=False)
     assert again.returncode != 0 and "--resume --name smoke" in again.stderr
     # the password never reaches Ray's experiment state
     from sqlalchemy.engine import make_url
 
-    pw = make_url(pg_url).password
+    pw = make_url(pg_database_url).password
     for f in (scratch / "ray_results").rglob("*"):
         if f.is_file() and f.stat().st_size < 5_000_000:
             assert pw.encode() not in f.read_bytes(), f
 
 
 @pytest.mark.postgres
-def test_direct_writes_postgres_and_refused_for_sqlite(scratch, pg_url, wikitext_dir):  # noqa: F811
+def test_direct_writes_postgres_and_refused_for_sqlite(scratch, pg_database_url, wikitext_dir):  # noqa: F811
     from qkgeom.plan.spec import plan_from
     from qkgeom.sweeps.driver import SweepError, SweepOptions, run_sweep, shutdown
 
@@ -179,13 +177,13 @@ def test_direct_writes_postgres_and_refused_for_sqlite(scratch, pg_url, wikitext
     with pytest.raises(SweepError, match="PostgreSQL"):
         run_sweep(plan, SweepOptions(db_url=f"sqlite:///{scratch}/x.db", direct_writes=True))
     try:
-        summary = run_sweep(plan, SweepOptions(db_url=pg_url, storage=str(scratch / "ray"),
+        summary = run_sweep(plan, SweepOptions(db_url=pg_database_url, storage=str(scratch / "ray"),
                                                direct_writes=True, quiet=True,
                                                ray_temp_dir=str(scratch / "r")))
     finally:
         shutdown()
     assert summary["errors"] == 0
-    assert_sweep_complete(pg_url, "direct", plan)
+    assert_sweep_complete(pg_database_url, "direct", plan)
     p = run_cli(["sweep", "--preset", "smoke", "--db", f"{scratch}/y.db", "--direct-writes"],
                 scratch, check=False)
     assert p.returncode != 0 and "PostgreSQL" in p.stderr

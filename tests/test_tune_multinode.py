@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sweep_fixtures import assert_sweep_complete, run_cli, scratch  # noqa: F401
+from sweep_fixtures import assert_sweep_complete, run_cli
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 RAY = str(Path(sys.executable).with_name("ray"))

@@ -1,7 +1,7 @@
-"""Plain helpers for the storage tests: records, CLI runner, child-process writers.
-
-Kept apart from the fixtures (tests/store_fixtures.py, loaded as a pytest plugin) so test
-modules can import these without pytest's assertion-rewrite warning.
+"""Plain helpers shared by the tests: the in-process CLI (:func:`run`, :func:`invoke`),
+probe records, a free port, child-process writers. Every fixture lives in
+tests/conftest.py; this module holds functions only, so test modules import them without
+pytest's assertion-rewrite warning.
 """
 
 from __future__ import annotations
@@ -57,6 +57,12 @@ def writer_process(url: str, trial_key: str, n_probes: int, queue) -> None:
         queue.put((trial_key, written, None))
     except BaseException as e:  # reported to the parent, which fails the test
         queue.put((trial_key, 0, f"{type(e).__name__}: {e}"))
+
+
+def run(*args: str) -> tuple[int, str]:
+    """Run the qkgeom CLI in-process: (exit code, output)."""
+    r = invoke(*args)
+    return r.exit_code, r.output
 
 
 def invoke(*args: str, env: dict | None = None):
