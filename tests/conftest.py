@@ -117,6 +117,31 @@ def pg_server_url() -> str:
     return url
 
 
+DDL = {"schema": ('CREATE SCHEMA "{}"', 'DROP SCHEMA IF EXISTS "{}" CASCADE'),
+       "database": ('CREATE DATABASE "{}"', 'DROP DATABASE IF EXISTS "{}" WITH (FORCE)')}
+
+
+def _pg_scratch(kind: str) -> Iterator[str]:
+    """A fresh, empty PostgreSQL schema or database on the test server, dropped after."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    server = make_url(pg_server_url())
+    name = f"qkgeom_t_{uuid.uuid4().hex[:12]}"
+    create, drop = DDL[kind]
+    admin = create_engine(server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(create.format(name)))
+    try:
+        url = (server.update_query_dict({"options": f"-csearch_path={name}"})
+               if kind == "schema" else server.set(database=name))
+        yield url.render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(drop.format(name)))
+        admin.dispose()
+
+
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     """A fresh, empty PostgreSQL schema for this test, dropped afterwards.
@@ -125,21 +150,7 @@ def pg_url() -> Iterator[str]:
     database: CREATE DATABASE costs ~1 s a test, CREATE SCHEMA a few ms, and every table,
     view and alembic_version lands in it all the same.
     """
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-
-    server = make_url(pg_server_url())
-    name = f"qkgeom_t_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(server, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{name}"'))
-    try:
-        yield server.update_query_dict({"options": f"-csearch_path={name}"}).render_as_string(
-            hide_password=False)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP SCHEMA IF EXISTS "{name}" CASCADE'))
-        admin.dispose()
+    yield from _pg_scratch("schema")
 
 
 @pytest.fixture
@@ -166,21 +177,9 @@ def store(db_url):
 
 @pytest.fixture
 def pg_database_url() -> Iterator[str]:
-    """A fresh, empty PostgreSQL database for one test (dropped afterwards)."""
-    from sqlalchemy import create_engine, text
-    from sqlalchemy.engine import make_url
-
-    base = make_url(pg_server_url())
-    name = f"qk_sweep_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(base, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield base.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with admin.connect() as c:
-            c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    """A fresh, empty PostgreSQL database for one test (sweeps whose Ray workers connect
+    on their own), dropped afterwards."""
+    yield from _pg_scratch("database")
 
 
 @pytest.fixture
