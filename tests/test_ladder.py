@@ -210,3 +210,18 @@ def test_the_live_page_groups_and_filters_by_factor(dbs):
         bad = c.get("/sweeps/ladder?group=seedz")
         assert bad.status_code == 400 and "factors: n_embd, cell" in bad.text
     assert digest(dbs["ladder"]) == before
+
+
+def test_plot_final_gap_by_a_factor_from_the_cli(dbs, tmp_path):
+    from helpers import run
+
+    code, out = run("plot", "final-gap", "--db", dbs["ladder"], "--sweep", "ladder",
+                    "--out", str(tmp_path / "g.json"), "--where", "n_embd=64")
+    assert code == 0, out
+    spec = json.loads((tmp_path / "g.json").read_text())
+    values = next(iter(spec["datasets"].values()))
+    assert {r["n_embd"] for r in values} == {64}  # the filter applies
+    assert {round(r["value"], 6) for r in values} == {-0.99}  # mean over seeds 0-2
+    code, out = run("plot", "final-gap", "--db", dbs["cpu"], "--sweep", "cpu", "--out",
+                    str(tmp_path / "x.png"))
+    assert code != 0 and "no cells to facet by" in out

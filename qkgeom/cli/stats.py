@@ -370,17 +370,24 @@ def checkpoint_trend_cmd(db: str | None, model: str, fmt: str) -> None:
 
 
 @main.command("plot")
-@click.argument("kind", type=click.Choice(["trajectories", "intervention", "correlation"]))
+@click.argument("kind", type=click.Choice(["trajectories", "intervention", "correlation",
+                                           "final-gap"]))
 @sweep_options
 @click.option("--out", required=True, type=click.Path(dir_okay=False),
               help="output file: .html (self-contained), .png, .svg or .json (vega-lite)")
 @click.option("--x", "x", default="pr_k", show_default=True, help="correlation: x metric")
 @click.option("--y", "y", default="entropy", show_default=True, help="correlation: y metric")
+@click.option("--facet", default=None, metavar="FACTOR",
+              help="final-gap: one panel per value of this factor or 'cell' (default: the "
+              "sweep's first factor)")
 @table_or_json
 @_body
 def plot_cmd(kind: str, db: str | None, sweep: SweepChoice, include_unfinished: bool, out: str,
-             x: str, y: str, fmt: str) -> None:
-    """Draw the trajectories, the intervention arms or a correlation scatter."""
+             x: str, y: str, facet: str | None, fmt: str) -> None:
+    """Draw the trajectories, the intervention arms, a correlation scatter, or claim 2's
+    final gap per layer across the cells of a sweep (final-gap, by --facet)."""
+    import polars as pl
+
     from qkgeom import analysis as A
     from qkgeom.report import plots
 
@@ -389,6 +396,13 @@ def plot_cmd(kind: str, db: str | None, sweep: SweepChoice, include_unfinished: 
         name = sweep.resolve(store)
         if kind == "trajectories":
             chart = plots.trajectories(A.trajectory_frame(store, name, finished_only=fin))
+        elif kind == "final-gap":
+            from qkgeom.report.study import Study
+
+            st = Study(store, name.name)
+            ids = A.sweep_trials(store, name)["trial_id"].to_list()
+            gap = st.gap_frame(finished_only=fin).filter(pl.col("trial_id").is_in(ids))
+            chart = plots.final_gap(gap, facet=st.check_facet(facet))
         elif kind == "intervention":
             chart = plots.intervention(A.intervention_frame(store, name, finished_only=fin))
         else:

@@ -172,7 +172,7 @@ class Study:
                      (pl.col("status") == FINISHED).sum().alias("terminated"))
                 .sort("cell", nulls_last=True))
 
-    def _facet(self, facet: str | None) -> str:
+    def check_facet(self, facet: str | None) -> str:
         """A chart's facet: a factor of the sweep or ``cell`` (default: the first
         factor); anything else is refused with the choices."""
         names = self.factors()
@@ -398,7 +398,7 @@ class Study:
             return plots.checkpoint_trends(self.checkpoint_frame())
         if kind == "final-gap":
             return plots.final_gap(self.gap_frame(finished_only=fin),
-                                   facet=self._facet(facet))
+                                   facet=self.check_facet(facet))
         if kind == "intervention":
             return plots.intervention(A.intervention_frame(self.store, self.name,
                                                            finished_only=fin))
