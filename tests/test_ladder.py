@@ -225,3 +225,24 @@ def test_plot_final_gap_by_a_factor_from_the_cli(dbs, tmp_path):
     code, out = run("plot", "final-gap", "--db", dbs["cpu"], "--sweep", "cpu", "--out",
                     str(tmp_path / "x.png"))
     assert code != 0 and "no cells to facet by" in out
+
+
+def test_the_live_page_compares_sweeps(dbs, tmp_path):
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+
+    from qkgeom.web.serve import create_app
+
+    one = f"sqlite:///{tmp_path / 'one.db'}"
+    for src in dbs.values():
+        assert invoke("db", "merge", "--from", src, "--db", one).exit_code == 0
+    with TestClient(create_app(one, n_boot=200, wait_s=60, update_every_s=0)) as c:
+        index = c.get("/?refresh=0").text
+        assert index.count("<input type='checkbox' name='sweep'") == 2
+        page = c.get("/compare?sweep=cpu&sweep=ladder").text
+        assert "Verdicts by cell (3 cells)" in page and "Sensitivity: claim x factor" in page
+        assert "ladder/e64" in page and "Seed stability" in page
+        bad = c.get("/compare?sweep=cpu")
+        assert bad.status_code == 400 and "two or more sweeps" in bad.text
+        bad = c.get("/compare?sweep=cpu&sweep=nope")
+        assert bad.status_code == 404

@@ -18,7 +18,9 @@ Routes (``NAME`` a sweep):
   baselines, the claims with their verdicts (``unfinished=1`` counts unfinished trials),
   pretrained models;
 * ``/sweeps/NAME/trials.csv``, ``trials.parquet``, ``trajectories.csv``, ``chart.svg``,
-  ``claims.json``, ``report.html``: what the page shows, to download.
+  ``claims.json``, ``report.html``: what the page shows, to download;
+* ``/compare?sweep=A&sweep=B``: the report of several sweeps as cells of one comparison
+  (per-cell verdicts, sensitivity, cells at a glance); the index ticks them.
 
 Without a token the server binds to loopback only (:func:`check_bind`); with one, every
 request must carry it: ``?token=T`` (then a cookie keeps it for the session), the header
@@ -246,14 +248,19 @@ class Server:
         rows = []
         for name in self.store.sweep_names():
             p = Study(self.store, name).progress()
-            rows.append(f"<tr><td><a href='/sweeps/{_e(quote(name, safe=''))}'>{_e(name)}</a></td>"
+            rows.append(f"<tr><td><input type='checkbox' name='sweep' value='{_e(name)}' "
+                        f"form='compare'></td>"
+                        f"<td><a href='/sweeps/{_e(quote(name, safe=''))}'>{_e(name)}</a></td>"
                         f"<td class='num'>{p['n_trials']}</td>"
                         f"<td>{_e(counts(p['status']))}</td>"
                         f"<td><progress value='{p['fraction']:.4f}' max='1'></progress> "
                         f"{p['fraction']:.0%}</td></tr>")
-        table = ("<table id='sweeps'><thead><tr><th>sweep</th><th>trials</th><th>status</th>"
-                 "<th>progress</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
-                 if rows else "<p class='note'>No sweeps in this database yet.</p>")
+        table = ("<table id='sweeps'><thead><tr><th></th><th>sweep</th><th>trials</th>"
+                 "<th>status</th><th>progress</th></tr></thead><tbody>" + "".join(rows)
+                 + "</tbody></table><form id='compare' method='get' action='/compare'>"
+                 "<button type='submit'>compare the ticked sweeps</button> <span class="
+                 "'note'>(every claim decided per sweep, with the sensitivity table)</span>"
+                 "</form>" if rows else "<p class='note'>No sweeps in this database yet.</p>")
         body = (f"<h1>qkgeom: {_e(self.store.safe_url)}</h1>{table}"
                 f"<p class='note'>{reload_note(refresh)}</p>")
         return HTMLResponse(page("qkgeom sweeps", body, refresh=refresh))
@@ -443,6 +450,22 @@ class Server:
         return HTMLResponse(text)
 
 
+    def compare_html(self, req: Request) -> Response:
+        """The report of several sweeps as cells of one comparison (``?sweep=A&sweep=B``)."""
+        names = list(dict.fromkeys(req.query_params.getlist("sweep")))
+        if len(names) < 2:
+            raise BadRequest("compare: tick two or more sweeps, e.g. /compare?sweep=A&sweep=B")
+        for n in names:
+            self.study(n)  # an unknown sweep: 404 with the names
+        from qkgeom.report.render import build_report
+
+        with tempfile.TemporaryDirectory(prefix="qkgeom-serve-") as d:
+            build_report(self.store, names[0], d, compare=names[1:], seed=self.seed,
+                         n_boot=self.n_boot, finished_only=not self._flag(req, "unfinished"))
+            text = (Path(d) / "report.html").read_text(encoding="utf-8")
+        return HTMLResponse(text)
+
+
 def _pending(got: Any) -> str:
     if isinstance(got, Failed):
         return f"could not compute it: {got.message}"
@@ -540,6 +563,7 @@ def create_app(db: str | None = None, *, token: str | None = None,
         Route("/sweeps/{name}/chart.svg", wrap(srv.chart)),
         Route("/sweeps/{name}/claims.json", wrap(srv.claims_json)),
         Route("/sweeps/{name}/report.html", wrap(srv.report_html)),
+        Route("/compare", wrap(srv.compare_html)),
     ]
 
     async def http_error(req: Request, exc: Exception) -> Response:
