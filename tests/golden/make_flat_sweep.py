@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -58,7 +59,7 @@ def main() -> None:
     cmd = [sys.executable, "-c", "import sys; from qkgeom.cli import main; "
            "sys.argv = ['qkgeom'] + sys.argv[1:]; main()", "sweep", "--spec", "spec.yaml",
            "--db", str(db), "--data", data, "--storage", str(d / "first"),
-           "--max-concurrent", "1", "--progress-every", "60"]
+           "--max-concurrent", "1", "--progress-every", "60", "--snapshots", "none"]
     with open(d / "driver.log", "w") as log:
         proc = subprocess.Popen(cmd, env=env, cwd=d, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -81,6 +82,13 @@ def main() -> None:
                 pass
     st = trials(db)
     print(f"driver exit {rc}; trials {json.dumps(st)}")
+    # keep each trial's two newest Tune checkpoints (the experiment state a restore reads may
+    # be one checkpoint behind the trial after a SIGTERM): the fixture
+    # stays small; the older ones are what a long sweep accumulates, not what resumes
+    for trial in (d / "first").glob("qkgeom-sig/*/"):
+        ckpts = sorted(trial.glob("checkpoint_*"))
+        for old in ckpts[:-2]:
+            shutil.rmtree(old)
     with sqlite3.connect(db) as c:  # fold the WAL into the file before packing it
         c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     with tarfile.open(OUT, "w:gz") as tar:
