@@ -206,17 +206,20 @@ def test_every_study_file_validates(path):
     grid_only = path.stem.endswith("-grid")
     assert d["n_trials"] == len(plan.trials)
     cells = len(plan.spec.get("cells") or {}) or 1  # studies/ladder.yaml: six cells
+    # an -arms file: the arms and their baselines, as many waiting as in a full cell
     assert d["n_after_baselines"] == (0 if grid_only else 10 * cells)
 
 
 def test_ladder_varies_only_width_context_and_lr():
     ladder = [(p, plan_from(spec_file=p)) for p in STUDIES if p.name.startswith("ladder-")]
-    cells, grid_cells = set(), set()
+    cells, grid_cells, arm_cells = set(), set(), set()
     shapes = set()
     cpu = {t.key: t.config for t in plan_from("cpu").trials}
     cpu_grid = {k for k, c in cpu.items() if c["arm"] == "none"
                 and not (c["n_layer"] == 4 and c["init"] == "gaussian" and c["seed"] > 1)}
     assert len(cpu_grid) == 18  # depths 2-4 x three inits x seeds 0, 1
+    cpu_arms = {k for k, c in cpu.items() if c["n_layer"] == 4 and c["init"] == "gaussian"}
+    assert len(cpu_arms) == 20  # none, hold, shrink, shrink_act x seeds 0-4
     for path, plan in ladder:
         c = plan.trials[0].config
         assert c["min_lr"] == pytest.approx(c["lr"] / 10)
@@ -225,6 +228,9 @@ def test_ladder_varies_only_width_context_and_lr():
         if path.stem.endswith("-grid"):
             grid_cells.add((c["n_embd"], c["block_size"], c["lr"]))
             assert keys == cpu_grid
+        elif path.stem.endswith("-arms"):  # the cell's arms and their baselines, no grid
+            arm_cells.add((c["n_embd"], c["block_size"], c["lr"]))
+            assert keys == cpu_arms
         else:
             cells.add((c["n_embd"], c["block_size"], c["lr"]))
             assert keys == set(cpu)
@@ -234,4 +240,5 @@ def test_ladder_varies_only_width_context_and_lr():
             assert diff <= {"n_embd", "block_size", "lr", "min_lr"}, (plan.name, t.key, diff)
     assert cells == {(e, e, lr) for e in (32, 48, 64, 96, 128) for lr in (1e-3, 3e-3)}
     assert grid_cells == {(96, 96, 1e-3), (96, 96, 3e-3), (128, 128, 1e-3)}
+    assert arm_cells == {(96, 96, 1e-3)}
     assert shapes == {36}

@@ -161,6 +161,24 @@ def _sqlite_refusal(p: Path) -> str | None:
     return None
 
 
+def _wal(cur: Any) -> None:
+    """``PRAGMA journal_mode=WAL``, retried while another connection holds the lock the
+    switch needs (two processes opening one brand-new file at once): SQLite can answer
+    "database is locked" here without waiting on the busy timeout."""
+    import sqlite3
+    import time
+
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def make_engine(url: str, *, create: bool = True, readonly: bool = False,
                 foreign_keys: bool = True) -> Any:
     """A SQLAlchemy engine for a URL from :func:`resolve_url` (connects lazily).
@@ -186,10 +204,10 @@ def make_engine(url: str, *, create: bool = True, readonly: bool = False,
             dbapi_conn.isolation_level = None  # we emit BEGIN ourselves (see module doc)
             cur = dbapi_conn.cursor()
             try:
-                if not memory and not readonly:
-                    cur.execute("PRAGMA journal_mode=WAL")
                 # PRAGMAs take no bind parameters; both values are our own constants
                 cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_S * 1000}")
+                if not memory and not readonly:
+                    _wal(cur)
                 cur.execute(f"PRAGMA foreign_keys={'ON' if foreign_keys else 'OFF'}")
                 cur.execute("PRAGMA synchronous=NORMAL")  # safe with WAL; no fsync per commit
                 if readonly:
