@@ -803,6 +803,37 @@ def test_a_sigterm_during_start_up_says_how_to_continue(scratch, wikitext_dir): 
         "continue with: qkgeom sweep --resume --name sig" in last, last
 
 
+def test_a_sigterm_whose_exception_ray_start_loses_still_stops_the_sweep() -> None:
+    """The race behind a CI failure of the test above: the SIGTERM came while ray.init's
+    own handler was installed and its SystemExit was raised inside an at-fork hook, which
+    printed "Exception ignored" and went on; the sweep then ran to the end. Here Ray's
+    handler is one that loses the signal outright: the driver must still see it."""
+    import os
+    import signal
+
+    import ray._private.utils as ray_utils
+
+    from qkgeom.sweeps.callbacks import signals_seen_during_ray_start, stop_if_signalled
+    from qkgeom.sweeps.state import DRIVER_STATE
+
+    before = signal.getsignal(signal.SIGTERM)
+    setter = ray_utils.set_sigterm_handler
+    DRIVER_STATE.reset()
+    try:
+        with signals_seen_during_ray_start():
+            ray_utils.set_sigterm_handler(lambda signum, frame: None)  # swallowed
+            os.kill(os.getpid(), signal.SIGTERM)
+        assert ray_utils.set_sigterm_handler is setter  # Ray's own function is back
+        assert DRIVER_STATE.interrupted == "SIGTERM"
+        with pytest.raises(KeyboardInterrupt):
+            stop_if_signalled()
+        DRIVER_STATE.reset()
+        stop_if_signalled()  # no signal: nothing raised
+    finally:
+        signal.signal(signal.SIGTERM, before)
+        DRIVER_STATE.reset()
+
+
 def test_a_full_disk_ends_in_one_line_and_a_resume_completes(scratch, wikitext_dir):  # noqa: F811
     """Issue 30, edge 1: the database's file system fills up mid-sweep (a 400 kB tmpfs).
     One line names the cause and the resume, with no traceback; once there is room, the

@@ -237,7 +237,10 @@ def test_slow_work_never_holds_a_page(db, tmp_path: Path) -> None:
         # nothing waited for: the trial table is there, verdicts and chart are on their way
         assert len(rows_of(first, "trials")) == 3
         assert "id='claims-note'" in first and "being computed" in first
-        assert "id='claims'" not in first and "chart-note" in first
+        assert "id='claims'" not in first
+        # the chart is quick to draw: on a loaded machine its thread may finish between the
+        # request's submit and its read (seen in CI), so either is right here
+        assert "chart-note" in first or "id='chart'" in first
 
         def page_when(cond) -> str:
             deadline = time.time() + 120

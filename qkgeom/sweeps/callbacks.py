@@ -25,6 +25,8 @@ import math
 import os
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -381,6 +383,42 @@ def forward_stop(final: bool = True) -> None:
     if callable(h) and h is not _on_signal and not DRIVER_STATE.forwarded:
         DRIVER_STATE.forwarded = final
         h(signal.SIGUSR1, None)
+
+
+@contextmanager
+def signals_seen_during_ray_start() -> Iterator[None]:
+    """``ray.init`` installs its own SIGTERM handler (``sys.exit``) for the time it starts.
+    Its SystemExit, or our KeyboardInterrupt, raised while the main thread runs an at-fork
+    hook (logging's lock release after Ray forks a helper) is printed as "Exception
+    ignored" and lost, and the sweep would go on as if nothing came. So the handler Ray
+    installs first records the signal in :data:`DRIVER_STATE` (as ours does), and the
+    driver checks it once Ray is up (:func:`stop_if_signalled`)."""
+    import ray._private.utils as ray_utils
+
+    ray_set = getattr(ray_utils, "set_sigterm_handler", None)
+
+    def set_recording(handler: Any) -> None:
+        def recorded(signum: int, frame: Any) -> None:
+            DRIVER_STATE.interrupted = (DRIVER_STATE.interrupted
+                                        or signal.Signals(signum).name)
+            handler(signum, frame)
+
+        ray_set(recorded)
+
+    if ray_set is not None:
+        ray_utils.set_sigterm_handler = set_recording
+    try:
+        yield
+    finally:
+        if ray_set is not None:
+            ray_utils.set_sigterm_handler = ray_set
+
+
+def stop_if_signalled() -> None:
+    """A stop signal that came while Ray was starting, whose exception an at-fork hook
+    swallowed: stop now (:func:`qkgeom.sweeps.driver.run_sweep` records it)."""
+    if DRIVER_STATE.interrupted:
+        raise KeyboardInterrupt
 
 
 def install_signal_handlers() -> dict[int, Any]:

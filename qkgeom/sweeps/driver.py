@@ -47,6 +47,8 @@ from qkgeom.sweeps.callbacks import (
     ProgressReporter,
     install_signal_handlers,
     restore_signal_handlers,
+    signals_seen_during_ray_start,
+    stop_if_signalled,
 )
 from qkgeom.sweeps.experiment import run_experiment
 from qkgeom.sweeps.files import (
@@ -170,10 +172,12 @@ def _run(plan: SweepPlan, opts: SweepOptions, db_url: str, storage: str, threads
     from qkgeom.store import safe_url
 
     say = DRIVER_STATE.say
-    init_ray(opts.address, num_cpus=opts.num_cpus, temp_dir=opts.ray_temp_dir,
-             env=opts.extra_env, say=say)
+    with signals_seen_during_ray_start():
+        init_ray(opts.address, num_cpus=opts.num_cpus, temp_dir=opts.ray_temp_dir,
+                 env=opts.extra_env, say=say)
     # after ray.init, whose core worker installs its own SIGTERM handler (it logs and dies)
     DRIVER_STATE.old_handlers = install_signal_handlers()
+    stop_if_signalled()
     gpus = gpus_per_trial(opts)
     if opts.address is not None:
         warn_unplaceable(opts.cpus_per_trial, gpus, say)
