@@ -205,6 +205,28 @@ def test_the_live_page_groups_and_filters_by_factor(dbs):
         trials = one[one.index("id='trials'"):]
         assert trials.count("e64.d2-") == 9 and "e48.d2-" not in trials
         assert "Shown: n_embd=64, grouped by cell" in one
+        # the trajectories chart and its downloads follow the filter: PR_Q is 5 - 1 + 0.01
+        # x seed in cell e64, so 4.01 as the mean of seeds 0-2 (5.01 over both cells)
+        assert "the trials with n_embd = 64" in one and "<figure id='chart'><svg" in one
+        assert "trajectories.csv?metric=pr_q%2Cpr_k&amp;view=mean&amp;f.n_embd=64" in one
+        import io
+
+        import polars as pl
+
+        def csv(q: str) -> pl.DataFrame:
+            r = c.get(f"/sweeps/ladder/trajectories.csv?{q}")
+            assert r.status_code == 200, r.text
+            return pl.read_csv(io.BytesIO(r.content))
+
+        mean64 = csv("metric=pr_q&f.n_embd=64")
+        assert mean64.height == 3 * 2 * 3  # init x layer x step
+        assert mean64["value"].to_list() == pytest.approx([4.01] * 18)
+        assert csv("metric=pr_q")["value"].to_list() == pytest.approx([5.01] * 18)
+        runs = csv("metric=pr_q&view=trial&f.cell=e48")
+        assert runs["trial_id"].n_unique() == 9 and set(runs["n_embd"]) == {48}
+        svg = c.get("/sweeps/ladder/chart.svg?f.n_embd=64")
+        assert svg.status_code == 200 and svg.text.lstrip().startswith("<svg")
+        assert c.get("/sweeps/ladder/trajectories.csv?f.width=64").status_code == 400
         bad = c.get("/sweeps/ladder?f.n_emb=64")
         assert bad.status_code == 400 and "&#x27;n_emb&#x27; is not a factor" in bad.text
         bad = c.get("/sweeps/ladder?group=seedz")

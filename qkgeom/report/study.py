@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
@@ -215,17 +216,21 @@ class Study:
         return A.known_metrics(self.store)
 
     def trajectories(self, metric: str = "pr_q", *, per_trial: bool = False,
-                     arm: str | None = None, finished_only: bool = False) -> pl.DataFrame:
+                     arm: str | None = None, finished_only: bool = False,
+                     trials: Collection[int] | None = None) -> pl.DataFrame:
         """Layer-level ``metric`` over training.
 
         Default: the mean over seeds per (depth, init, arm, layer, step): columns depth,
         init, arm, layer, step, progress, value, n_seeds. ``per_trial``: one row per
         (trial, step, layer) with trial_id, seed and status instead of n_seeds. Every trial
-        counts unless ``finished_only``; ``arm`` keeps one arm.
+        counts unless ``finished_only``; ``arm`` keeps one arm; ``trials`` keeps those
+        trial ids (e.g. one cell's, from :meth:`trials`).
         """
         metric = A.check_metric(self.store, metric)
         df = Q.sweep_layer_values(self.store, self.sweep_id, metric, arm=arm,
                                   status=FINISHED if finished_only else None)
+        if trials is not None:
+            df = df.filter(pl.col("trial_id").is_in(list(trials)))
         if per_trial:
             return self._with_factors(df.select("trial_id", "depth", "init", "arm", "seed",
                                                 "status", "step", "progress", "layer",
@@ -358,7 +363,8 @@ class Study:
 
     def chart(self, kind: str = "trajectories", *, metric: str | None = None,
               per_trial: bool = False, finished_only: bool = True, x: str = "pr_k",
-              y: str = "entropy", seed: int = 0, facet: str | None = None) -> Any:
+              y: str = "entropy", seed: int = 0, facet: str | None = None,
+              trials: Collection[int] | None = None) -> Any:
         """The project's altair charts (they render inline in Jupyter).
 
         ``trajectories``: PR_Q and PR_K per layer (``qkgeom plot trajectories``; one pair
@@ -369,7 +375,8 @@ class Study:
         over the pretrained models' checkpoints (:meth:`checkpoint_frame`); ``final-gap``:
         PR_Q - PR_K at the last probe per layer, one panel per value of ``facet`` (a factor
         of :meth:`factors`, or ``cell``; default the first factor).
-        ``finished_only`` as in the CLI (pass False for a running sweep).
+        ``finished_only`` as in the CLI (pass False for a running sweep). ``trials``
+        (trajectories and metric charts): draw only those trial ids, e.g. one cell's.
         """
         from qkgeom.report import plots
 
@@ -379,18 +386,20 @@ class Study:
         if kind == "metric" or (kind == "trajectories" and metric is not None):
             if metric is None:
                 raise QkgeomError("chart('metric') needs metric=NAME, e.g. metric='pr_k'")
-            df = self.trajectories(metric, per_trial=True, finished_only=fin)
+            df = self.trajectories(metric, per_trial=True, finished_only=fin, trials=trials)
             base = df.filter(pl.col("arm") == A.BASELINE_ARM)
             df = base if base.height else df
             if per_trial:
                 df = df.group_by(["depth", "init", "layer", "seed", "step"]).agg(
                     pl.col("progress").mean(), pl.col("value").mean())
             return plots.metric_trajectories(df, metric, per_trial=per_trial)
-        if kind == "trajectories" and per_trial:  # PR_Q and PR_K, one pair per seed
-            df = pl.concat([self.trajectories(m, per_trial=True, finished_only=fin)
+        if kind == "trajectories" and (per_trial or trials is not None):
+            # PR_Q and PR_K from the runs: one pair per seed, or (some trials) their mean
+            df = pl.concat([self.trajectories(m, per_trial=True, finished_only=fin,
+                                              trials=trials)
                             .with_columns(pl.lit(m).alias("metric")) for m in ("pr_q", "pr_k")])
             base = df.filter(pl.col("arm") == A.BASELINE_ARM)
-            return plots.trajectories(base if base.height else df, per_seed=True)
+            return plots.trajectories(base if base.height else df, per_seed=per_trial)
         if kind == "trajectories":
             return plots.trajectories(A.trajectory_frame(self.store, self.name,
                                                          finished_only=fin))

@@ -1,5 +1,6 @@
-"""Pieces of the live page that need no server state: the sweep's header, the arms, and
-the factor view of a sweep with cells (group and filter the trials by any factor)."""
+"""Pieces of the live page that need no server state: the sweep's header, the arms, the
+trajectories chart, and the factor view of a sweep with cells (group and filter the trials
+by any factor)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,28 @@ from qkgeom.errors import QkgeomError
 from qkgeom.report.html import escape as _e
 from qkgeom.report.html import html_table
 from qkgeom.report.study import Study
+
+PRQK = "pr_q,pr_k"  # the default chart: the project's PR_Q / PR_K trajectories
+
+
+def trajectories_svg(st: Study, metric: str, view: str, ids: list[int] | None
+                     ) -> tuple[str, str]:
+    """(svg, note): the trajectories chart of ``metric`` (PRQK: PR_Q and PR_K) as inline
+    SVG, mean over seeds or per trial (``view``), of the trials ``ids`` (None: all), or
+    an empty string and why there is none."""
+    from qkgeom.report import plots
+
+    try:
+        if metric == PRQK:
+            ch = st.chart("trajectories", per_trial=view == "trial", finished_only=False,
+                          trials=ids)
+        else:
+            ch = st.chart("metric", metric=metric, per_trial=view == "trial",
+                          finished_only=False, trials=ids)
+    except QkgeomError as e:
+        return "", str(e)
+    svg = plots.to_svg(ch)
+    return svg[svg.find("<svg"):], ""
 
 
 def sweep_header(st: Study, prog: dict[str, Any]) -> str:
@@ -79,6 +102,15 @@ def filter_trials(st: Study, trials: pl.DataFrame, query: Mapping[str, str]
         trials = trials.filter(pl.col(name).map_elements(_text, return_dtype=pl.String)
                                == value)
     return trials, filters, group
+
+
+Kept = tuple[dict[str, str], list[int] | None]
+
+
+def kept_trials(trials: pl.DataFrame, filters: dict[str, str]) -> Kept:
+    """What a chart or download of the filtered page draws: the filters and the ids of
+    the trials they keep (None without filters: every trial, also those that start later)."""
+    return filters, (trials["trial_id"].to_list() if filters else None)
 
 
 def factor_section(st: Study, trials: pl.DataFrame, filters: dict[str, str],

@@ -58,13 +58,18 @@ from qkgeom.report.html import html_table, page, verdict_cell
 from qkgeom.report.study import FINISHED, Study
 from qkgeom.web.background import Failed, Jobs
 from qkgeom.web.sections import (
+    FILTER,
+    PRQK,
     BadRequest,
+    Kept,
     arms_section,
     counts,
     factor_section,
     filter_trials,
+    kept_trials,
     reload_note,
     sweep_header,
+    trajectories_svg,
 )
 
 if TYPE_CHECKING:
@@ -72,7 +77,6 @@ if TYPE_CHECKING:
 
 DEFAULT_PORT = 8765
 DEFAULT_REFRESH_S = 5
-PRQK = "pr_q,pr_k"  # the default chart: the project's PR_Q / PR_K trajectories
 VIEWS = ("mean", "trial")
 COOKIE = "qkgeom_token"
 TRIAL_HEADERS = [("trial_key", "trial"), ("depth", "depth"), ("init", "init"), ("arm", "arm"),
@@ -189,25 +193,15 @@ class Server:
         return metric, view
 
     def chart_svg(self, st: Study, version: Any, metric: str, view: str, *,
-                  wait_s: float | None = None) -> tuple[Any, bool]:
+                  wait_s: float | None = None, kept: Kept | None = None
+                  ) -> tuple[Any, bool]:
         """((svg, note), fresh): the chart as inline SVG, or an empty string and why there
-        is none; (None, False) while the first one is being drawn."""
-        from qkgeom.report import plots
-
-        def make() -> tuple[str, str]:
-            try:
-                if metric == PRQK:
-                    ch = st.chart("trajectories", per_trial=view == "trial",
-                                  finished_only=False)
-                else:
-                    ch = st.chart("metric", metric=metric, per_trial=view == "trial",
-                                  finished_only=False)
-            except QkgeomError as e:
-                return "", str(e)
-            svg = plots.to_svg(ch)
-            return svg[svg.find("<svg"):], ""
-
-        return self.jobs.get((st.name, "chart", metric, view), version, make, wait_s=wait_s)
+        is none; (None, False) while the first one is being drawn. ``kept``: the trials a
+        factor filter keeps (the filters, their trial ids); None: every trial."""
+        filters, ids = kept if kept is not None else ({}, None)
+        key = (st.name, "chart", metric, view, tuple(sorted(filters.items())))
+        return self.jobs.get(key, version, lambda: trajectories_svg(st, metric, view, ids),
+                             wait_s=wait_s)
 
     def claims(self, st: Study, version: Any, unfinished: bool, *,
                wait_s: float | None = None) -> tuple[Any, bool]:
@@ -278,7 +272,8 @@ class Server:
         version = st.version()
         # start the slow parts now, in parallel; the page waits for them at most wait_s in
         # all (a budget shared by the chart, the verdicts and the pretrained trends)
-        self.chart_svg(st, version, metric, view, wait_s=0)
+        kept = kept_trials(trials, filters)
+        self.chart_svg(st, version, metric, view, wait_s=0, kept=kept)
         self.claims(st, version, unfinished, wait_s=0)
         self.trends(st, version, wait_s=0)
         deadline = time.monotonic() + self.jobs.wait_s
@@ -295,7 +290,7 @@ class Server:
 
         out = [sweep_header(st, prog), factor_section(st, trials, filters, group, q),
                "<h2>Trials</h2>", self._trial_table(trials, sort, desc, link),
-               self._chart_section(st, version, metric, view, q, wait_s=left()),
+               self._chart_section(st, version, metric, view, q, wait_s=left(), kept=kept),
                arms_section(st.arms()),
                self._claims_section(st, version, unfinished, not prog["finished"], link,
                                     wait_s=left()),
@@ -304,7 +299,7 @@ class Server:
         return HTMLResponse(page(f"qkgeom: {st.name}", "".join(out), refresh=refresh))
 
     def _chart_section(self, st: Study, version: Any, metric: str, view: str,
-                       query: dict[str, str], *, wait_s: float) -> str:
+                       query: dict[str, str], *, wait_s: float, kept: Kept | None) -> str:
         """The trajectories: a metric/view form, the chart (or why there is none yet) and
         the download links."""
         name = _e(quote(st.name, safe=""))
@@ -316,9 +311,15 @@ class Server:
                         for v in VIEWS)
         keep = "".join(f"<input type='hidden' name='{_e(k)}' value='{_e(v)}'>"
                        for k, v in query.items() if k not in ("metric", "view"))
-        got, fresh = self.chart_svg(st, version, metric, view, wait_s=wait_s)
+        got, fresh = self.chart_svg(st, version, metric, view, wait_s=wait_s, kept=kept)
         svg, note = got if isinstance(got, tuple) else ("", _pending(got))
-        data_q = urlencode({"metric": metric, "view": view})
+        filters = kept[0] if kept is not None else {}
+        data_q = urlencode({"metric": metric, "view": view,
+                            **{FILTER + k: v for k, v in filters.items()}})
+        which = ("Baseline arm, every trial (finished or not)" if not filters else
+                 "Baseline arm, the trials with " + ", ".join(
+                     f"{k} = {v}" for k, v in sorted(filters.items()))
+                 + " (finished or not)")
         return "".join([
             "<h2>Trajectories</h2>",
             f"<form method='get' id='chart-form'>{keep}<label>metric <select name='metric'>"
@@ -329,7 +330,7 @@ class Server:
             + ("" if fresh else "<p class='note updating' id='chart-stale'>Drawn from an "
                "earlier state of the database; redrawn at most every "
                f"{self.jobs.min_interval_s:g} s.</p>"),
-            f"<p class='note'>Baseline arm, every trial (finished or not). Download: "
+            f"<p class='note' id='chart-which'>{_e(which)}. Download: "
             f"<a href='/sweeps/{name}/trajectories.csv?{_e(data_q)}'>data (CSV)</a>, "
             f"<a href='/sweeps/{name}/chart.svg?{_e(data_q)}'>chart (SVG)</a></p>"])
 
@@ -412,8 +413,9 @@ class Server:
     def trajectories_csv(self, req: Request) -> Response:
         st = self.study(req.path_params["name"])
         metric, view = self._metric(st, req)
+        _, ids = kept_trials(*filter_trials(st, st.trials(), req.query_params)[:2])
         ms = ["pr_q", "pr_k"] if metric == PRQK else [metric]
-        frames = [st.trajectories(m, per_trial=view == "trial").with_columns(
+        frames = [st.trajectories(m, per_trial=view == "trial", trials=ids).with_columns(
             pl.lit(m).alias("metric")) for m in ms]
         df = pl.concat(frames)
         return _download(df.write_csv(), "text/csv",
@@ -422,7 +424,8 @@ class Server:
     def chart(self, req: Request) -> Response:
         st = self.study(req.path_params["name"])
         metric, view = self._metric(st, req)
-        got, _ = self.chart_svg(st, st.version(), metric, view, wait_s=math.inf)
+        kept = kept_trials(*filter_trials(st, st.trials(), req.query_params)[:2])
+        got, _ = self.chart_svg(st, st.version(), metric, view, wait_s=math.inf, kept=kept)
         svg, note = got if isinstance(got, tuple) else ("", _pending(got))
         if not svg:
             raise NotFound(f"no chart for {metric} yet: {note}")
