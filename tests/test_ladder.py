@@ -77,10 +77,12 @@ def test_the_ladder_column_is_decided_from_the_ladder_sweep(dbs, tmp_path):
                     f"ladder@{dbs['ladder'].removeprefix('sqlite:///')}")
     gap = js["ladder"]["2-gap"]
     assert gap["cells"] == {"e48": HOLDS, "e64": FAILS}  # +1 gap holds, -1 does not
-    assert gap["summary"] == "holds in 1 of 2 cells; flips with n_embd"
+    assert gap["summary"] == ("holds in 1 of 2 cells; flips with n_embd "
+                              "(48 -> 64: holds -> does not hold)")
     assert "| on the ladder (ladder) |" in md
     row = next(ln for ln in md.splitlines() if ln.startswith("| 2-gap |"))
-    assert row.endswith("| holds in 1 of 2 cells; flips with n_embd |")
+    assert row.endswith("| holds in 1 of 2 cells; flips with n_embd (48 -> 64: holds -> "
+                        "does not hold) |")
     verdicts = {c["key"]: c["verdict"] for c in js["claims"]}
     assert verdicts["2-gap"] == HOLDS  # the report's own verdict is its sweep's
     assert {k: digest(u) for k, u in dbs.items()} == before

@@ -13,7 +13,14 @@ from helpers import run
 
 from qkgeom.records import ProbeRecord
 from qkgeom.report.claims import FAILS, HOLDS
-from qkgeom.report.sensitivity import CellVerdicts, Factor, flips, sensitivity_table
+from qkgeom.report.sensitivity import (
+    CellVerdicts,
+    Factor,
+    across_cells,
+    changes,
+    flips,
+    sensitivity_table,
+)
 
 STEPS = [0, 50, 100]
 # cell -> (config factors, PR_Q - PR_K planted in every layer and probe)
@@ -146,6 +153,24 @@ def test_sensitivity_flips_where_one_factor_changes_the_verdict_at_fixed_others(
     assert row == {"claim": "2", "decided cells": "6 of 6",
                    "n_embd (with block_size)": "flips (at lr=0.003)",
                    "lr (with min_lr)": "flips (at n_embd=64)"}
+
+
+def test_the_ladder_line_names_the_width_where_the_verdict_changes():
+    # the ladder of docs/findings.md: 2-gap holds only at 128, which has lr 1e-3 only; an
+    # undecided cell (96) is passed over; widths in numeric order (128 after 64)
+    c = cells({(128, 1e-3): HOLDS, (32, 1e-3): FAILS, (64, 1e-3): FAILS,
+               (96, 1e-3): "not enough data", (32, 3e-3): FAILS, (64, 3e-3): FAILS})
+    assert changes(c, "2", "n_embd", ["n_embd", "lr"]) == [
+        "64 -> 128: does not hold -> holds, at lr=0.001"]
+    assert changes(c, "2", "lr", ["n_embd", "lr"]) == []
+    assert across_cells(c, "2", FACTORS) == (
+        "holds in 1 of 6 cells, 1 undecided; flips with n_embd "
+        "(64 -> 128: does not hold -> holds, at lr=0.001)")
+    # a verdict that changes twice along the factor: both changes
+    c = cells({(32, 1e-3): FAILS, (48, 1e-3): HOLDS, (64, 1e-3): FAILS})
+    assert changes(c, "2", "n_embd", ["n_embd", "lr"]) == [
+        "32 -> 48: does not hold -> holds, at lr=0.001",
+        "48 -> 64: holds -> does not hold, at lr=0.001"]
 
 
 def test_sensitivity_is_stable_or_not_compared_when_nothing_flips():

@@ -116,6 +116,29 @@ def flips(cells: Sequence[CellVerdicts], claim: str, factor: str,
     return len(compared), flipped
 
 
+def changes(cells: Sequence[CellVerdicts], claim: str, factor: str,
+            factors: Sequence[str]) -> list[str]:
+    """Where ``claim``'s verdict changes along ``factor``: between neighbouring values of
+    the factor (in numeric order, among cells with a decided verdict) at fixed other
+    factors, e.g. ``64 -> 128: does not hold -> holds, at lr=0.001``."""
+    from qkgeom.analysis.scope import value_order
+
+    others = [f for f in factors if f != factor]
+    lines: dict[tuple[str, ...], list[tuple[Any, str]]] = {}
+    for c in cells:
+        v = c.verdicts.get(claim)
+        if v in DECIDED:
+            key = tuple(f"{o}={_text(c.factors.get(o))}" for o in others)
+            lines.setdefault(key, []).append((c.factors.get(factor), v))
+    out = []
+    for key in sorted(lines):
+        pts = sorted(lines[key], key=lambda p: value_order(_text(p[0])))
+        at = f", at {', '.join(key)}" if key else ""
+        out += [f"{_text(a)} -> {_text(b)}: {va} -> {vb}{at}"
+                for (a, va), (b, vb) in zip(pts, pts[1:]) if va != vb]
+    return out
+
+
 def sensitivity_table(cells: Sequence[CellVerdicts], claims: Sequence[str],
                       factors: Sequence[Factor]) -> list[dict[str, Any]]:
     """claim x factor: ``flips (at ...)``, ``stable (n comparisons)`` or ``not compared``
@@ -149,7 +172,8 @@ def across_cells(cells: Sequence[CellVerdicts], claim: str,
     names = [f.name for f in factors]
     moved = [f.name for f in factors if flips(cells, claim, f.name, names)[1]]
     if moved:
-        parts.append("flips with " + " and ".join(moved))
+        parts.append("flips with " + " and ".join(
+            f"{m} ({'; '.join(changes(cells, claim, m, names))})" for m in moved))
     elif len(set(decided)) == 1 and len(decided) > 1:
         parts.append("the same in every decided cell")
     return "; ".join(parts)
