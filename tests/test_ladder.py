@@ -76,16 +76,32 @@ def test_the_ladder_column_is_decided_from_the_ladder_sweep(dbs, tmp_path):
     js, md = report(tmp_path, dbs["cpu"], "--sweep", "cpu", "--ladder",
                     f"ladder@{dbs['ladder'].removeprefix('sqlite:///')}")
     gap = js["ladder"]["2-gap"]
-    assert gap["cells"] == {"e48": HOLDS, "e64": FAILS}  # +1 gap holds, -1 does not
-    assert gap["summary"] == ("holds in 1 of 2 cells; flips with n_embd "
+    # the report's own sweep is a cell of the column; +1 gap holds, -1 does not
+    assert gap["cells"] == {"cpu": HOLDS, "e48": HOLDS, "e64": FAILS}
+    assert gap["summary"] == ("holds in 2 of 3 cells; flips with n_embd "
                               "(48 -> 64: holds -> does not hold)")
-    assert "| on the ladder (ladder) |" in md
+    assert "| on the ladder (this sweep, ladder) |" in md
     row = next(ln for ln in md.splitlines() if ln.startswith("| 2-gap |"))
-    assert row.endswith("| holds in 1 of 2 cells; flips with n_embd (48 -> 64: holds -> "
+    assert row.endswith("| holds in 2 of 3 cells; flips with n_embd (48 -> 64: holds -> "
                         "does not hold) |")
     verdicts = {c["key"]: c["verdict"] for c in js["claims"]}
     assert verdicts["2-gap"] == HOLDS  # the report's own verdict is its sweep's
     assert {k: digest(u) for k, u in dbs.items()} == before
+
+
+def test_the_ladder_column_names_the_width_where_the_reported_sweep_differs(dbs, tmp_path):
+    """A wider sweep reported beside the ladder (issue 26's 128/128 grid beside the six
+    cells): the flip to the report's own cell is named, with the widths either side."""
+    wide = f"sqlite:///{tmp_path / 'wide.db'}"
+    plant(wide, "wide", {None: ({"n_embd": 128, "lr": 1e-3}, 1.0)})
+    js, md = report(tmp_path, wide, "--sweep", "wide", "--ladder", f"ladder@{dbs['ladder']}")
+    gap = js["ladder"]["2-gap"]
+    assert gap["cells"] == {"wide": HOLDS, "e48": HOLDS, "e64": FAILS}
+    assert gap["summary"] == ("holds in 2 of 3 cells; flips with n_embd (48 -> 64: holds -> "
+                              "does not hold; 64 -> 128: does not hold -> holds)")
+    js, _ = report(tmp_path, dbs["ladder"], "--sweep", "ladder", "--where", "cell=e64",
+                   "--ladder", "ladder")  # a cell of the ladder itself is not counted twice
+    assert js["ladder"]["2-gap"]["cells"] == {"e48": HOLDS, "e64": FAILS}
 
 
 def test_without_a_ladder_the_column_says_how_to_get_one(dbs, tmp_path):

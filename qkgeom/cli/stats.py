@@ -428,7 +428,8 @@ def plot_cmd(kind: str, db: str | None, sweep: SweepChoice, include_unfinished: 
               "and --seeds apply to every sweep")
 @click.option("--ladder", "ladder", multiple=True, metavar="SWEEP[@DB]",
               help="a sweep whose cells (e.g. studies/ladder.yaml's) give the column 'on "
-              "the ladder' of a one-cell report, decided here; repeatable")
+              "the ladder' of a one-cell report, decided here beside the report's own sweep; "
+              "repeatable")
 @click.option("--seed", type=int, default=0, show_default=True, help="bootstrap rng seed")
 @click.option("--boot", type=int, default=10_000, show_default=True,
               help="bootstrap resamples for directional confidence")

@@ -67,12 +67,16 @@ def part_factors(store: Store, parts: Sequence[Part]) -> tuple[list[Factor],
 
 
 def decide_cells(store: Store, parts: Sequence[Part], *, seed: int = 0, n_boot: int = 10_000,
-                 finished_only: bool = True) -> tuple[list[Factor], list[CellVerdicts]]:
+                 finished_only: bool = True, decided: dict[str, dict[str, str]] | None = None
+                 ) -> tuple[list[Factor], list[CellVerdicts]]:
     """Every claim decided on each cell alone (no figures, no tables): the factors and
-    the cells' verdicts."""
+    the cells' verdicts. ``decided``: cell label -> verdicts already computed (not redone)."""
     factors, values = part_factors(store, parts)
     out = []
     for label, scope in parts:
+        if decided and label in decided:
+            out.append(CellVerdicts(label, values[label], decided[label]))
+            continue
         found = compute_claims(store, scope, seed=seed, n_boot=n_boot,
                                finished_only=finished_only)
         out.append(CellVerdicts(label, values[label], {c.key: c.verdict for c in found.claims}))

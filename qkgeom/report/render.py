@@ -225,11 +225,19 @@ def compute_report(store: Store, sweep: str | A.Scope, *, compare: Sequence[str 
     rep = Report(A.sweep_name(sweep), seed, n_boot, fin, design_text, design, scale_rows,
                  scale, found.claims, found.sections, charts, figures, {},
                  found.frames.get("calibration", ""), where=_where(sweep))
-    if ladder:
-        factors, verdicts = decide_cells(store, comparison_parts(store, ladder), seed=seed,
-                                         n_boot=n_boot, finished_only=fin)
+    if ladder:  # the report's own sweep is one of the ladder's cells unless already in it
+        parts = comparison_parts(store, ladder)
+        names = [as_scope(s).name for s in ladder]
+        own = A.sweep_name(sweep)
+        known = {}
+        if own not in names:
+            parts = [(own, as_scope(sweep)), *parts]
+            known[own] = {c.key: c.verdict for c in found.claims}
+            names = ["this sweep", *names]
+        factors, verdicts = decide_cells(store, parts, seed=seed, n_boot=n_boot,
+                                         finished_only=fin, decided=known)
         rep.ladder = column(verdicts, factors, [c.key for c in found.claims])
-        rep.ladder_source = ", ".join(as_scope(s).name for s in ladder)
+        rep.ladder_source = ", ".join(names)
     return rep
 
 
