@@ -6,14 +6,8 @@ import json
 import re
 
 import pytest
-from click.testing import CliRunner
+from helpers import invoke
 from stats_fixtures import make_synthetic_db, write_pretrained_family
-
-
-def invoke(*args: str):
-    from qkgeom.cli import main
-
-    return CliRunner().invoke(main, list(args), catch_exceptions=False)
 
 
 def verdicts(out_dir) -> dict[str, str]:
