@@ -17,7 +17,7 @@ barrier) and count the optimizer steps they finish in the same ``--window`` seco
 (a device sync every 5 steps). Printed per N and runner: aggregate tokens/s, its ratio to
 N = 1 of the same runner, peak GPU memory per trial (allocated / reserved by torch; each
 process also holds a CUDA context of a few hundred MiB), device memory in use, and the
-projected wall time of the 47-trial `paper` study at that packing: the study's training
+projected wall time of the 52-trial `paper` study at that packing: the study's training
 tokens, weighted by depth / 6 (step time grows about linearly with depth), over the
 aggregate rate (training only: probes, evaluation and the arms' SVD are not included).
 Budgeted at about 5 minutes on one GPU with the defaults (not yet run on one). Without CUDA it says so and exits 0.
@@ -215,7 +215,7 @@ def main() -> None:
           f"arm none), {args.window:g} s window per N, device {args.device}"
           f"{', torch.compile' if args.compile else ''}")
     head = f"{'runner':<6} {'N':>3} {'tokens/s':>12} {'vs N=1':>7} {'alloc MiB':>10} " \
-           f"{'resv MiB':>9} {'dev MiB':>8} {'47-trial study':>15}"
+           f"{'resv MiB':>9} {'dev MiB':>8} {'52-trial study':>15}"
     print(head)
     for r in runners:
         base = results[r][ns[0]]["tokens_per_s"] if ns[0] == 1 else math.nan

@@ -1,11 +1,11 @@
 """The paper's claims decided from the database, and what shows them: the report,
-its charts, the ladder record and the notebook API (``open_study``)."""
+its charts, the comparison of cells and the notebook API (``open_study``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-_SUBMODULES = {"claims", "render", "html", "plots", "ladder", "study"}
+_SUBMODULES = {"claims", "render", "html", "plots", "compare", "sensitivity", "study"}
 
 
 def __getattr__(name: str) -> Any:
