@@ -231,3 +231,27 @@ def test_report_shows_both_trend_windows(planted_report):
     data = json.loads((out / "report.json").read_text())
     c = next(c for c in data["claims"] if c["key"] == "2-slopes-late")
     assert c["numbers"]["window"] == "late" and c["verdict"] == "holds"
+
+
+def test_the_header_counts_grid_seeds_apart_from_the_arms_extra_baselines(tmp_path):
+    """The cpu study's design: grid seeds 0, 1 at every (depth, init); the arms' baselines
+    add seeds 2-4 at depth 4, gaussian only. Those are not grid seeds."""
+    from stats_fixtures import write_trials
+
+    from qkgeom.analysis.trials import grid_seed_list, study_scale
+    from qkgeom.store import open_store
+
+    flat = lambda step, layer: {"pr_q": 5.0, "pr_k": 4.0}  # noqa: E731
+    grid = [dict(depth=d, init=i, arm="none", seed=s, values=flat)
+            for d in (2, 4) for i in ("gaussian", "tied") for s in (0, 1)]
+    extra = [dict(depth=4, init="gaussian", arm=a, seed=s, values=flat)
+             for s in (2, 3, 4) for a in ("none",)] + [
+        dict(depth=4, init="gaussian", arm="shrink", seed=s, values=flat) for s in range(5)]
+    url = "sqlite:///" + str(tmp_path / "g.db")
+    write_trials(url, "g", grid + extra, steps=[0, 10], max_steps=10)
+    with open_store(url, create=False, readonly=True) as store:
+        sc = study_scale(store, "g")
+    assert sc["grid_seeds"] == [0, 1]
+    assert sc["arm_seeds"] == {"shrink": [0, 1, 2, 3, 4]}
+    assert grid_seed_list([]) == []
+    assert grid_seed_list([(0, 2, "t"), (1, 2, "t"), (1, 3, "t")]) == [1]

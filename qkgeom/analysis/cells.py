@@ -16,7 +16,7 @@ import polars as pl
 from qkgeom.analysis.common import BASELINE_ARM, AnalysisError
 from qkgeom.analysis.gap import pr_gap_units, summarise_gap
 from qkgeom.analysis.scope import Scope
-from qkgeom.analysis.trials import sweep_trials
+from qkgeom.analysis.trials import grid_seed_list, sweep_trials
 
 if TYPE_CHECKING:
     from qkgeom.store import Store
@@ -26,11 +26,7 @@ def grid_seeds(t: pl.DataFrame) -> list[int]:
     """Seeds of the geometry grid: those of arm ``none`` present in every (depth, init) of
     that arm (the extra baselines of the arms, one (depth, init) only, are not)."""
     g = t.filter(pl.col("arm") == BASELINE_ARM)
-    if not g.height:
-        return []
-    cells = g.select("depth", "init").unique().height
-    per = g.group_by("seed").agg(pl.struct("depth", "init").n_unique().alias("n"))
-    return sorted(per.filter(pl.col("n") == cells)["seed"].to_list())
+    return grid_seed_list(g.select("seed", "depth", "init").iter_rows())
 
 
 def cell_facts(store: Store, scope: str | Scope, *, finished_only: bool = True

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
@@ -113,6 +114,17 @@ SCALE_KEYS = [("n_embd", "width n_embd"), ("n_head", "heads"), ("block_size", "c
               ("weight_decay", "weight decay"), ("betas", "AdamW betas")]
 
 
+def grid_seed_list(points: Iterable[tuple[int, int, str]]) -> list[int]:
+    """Seeds of the geometry grid among arm-``none`` trials given as (seed, depth, init):
+    those present in every (depth, init) of that arm (the extra baselines of the arms, at
+    one (depth, init) only, are not)."""
+    by_seed: dict[int, set[tuple[int, str]]] = {}
+    for seed, depth, init in points:
+        by_seed.setdefault(seed, set()).add((depth, init))
+    every = set().union(*by_seed.values()) if by_seed else set()
+    return sorted(s for s, got in by_seed.items() if got == every)
+
+
 def study_scale(store: Store, sweep: str, *, finished_only: bool = True) -> dict[str, Any]:
     """What a sweep ran: the distinct values of each :data:`SCALE_KEYS` setting over its
     trials, the grid depths and seeds, and the seeds of every arm."""
@@ -138,7 +150,7 @@ def study_scale(store: Store, sweep: str, *, finished_only: bool = True) -> dict
     grid = [r for r in rows if r["arm"] == BASELINE_ARM]
     out["depths"] = sorted({r["depth"] for r in grid})
     out["inits"] = sorted({r["init"] for r in grid})
-    out["grid_seeds"] = sorted({r["seed"] for r in grid})
+    out["grid_seeds"] = grid_seed_list((r["seed"], r["depth"], r["init"]) for r in grid)
     out["arm_seeds"] = {a: sorted({r["seed"] for r in rows if r["arm"] == a})
                         for a in sorted({r["arm"] for r in rows} - {BASELINE_ARM})}
     out["n_trials"] = len(rows)
