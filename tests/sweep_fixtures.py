@@ -123,7 +123,8 @@ def assert_matches_reference(db: str, sweep: str, keys: list[str] | None = None,
                 continue
             got = store.read_probes(row["id"])
             ref = reference_records(json.loads(row["config"]))
-            assert [r.step for r in got] == [r.step for r in ref], row["trial_key"]
+            assert [r.step for r in got] == [r.step for r in ref], \
+                (row["trial_key"], [r.step for r in got], [r.step for r in ref])
             for g, r in zip(got, ref):
                 gm = {(a, b, c): v for a, b, c, v in g.metrics}
                 rm = {(a, b, c): v for a, b, c, v in r.metrics}
