@@ -685,7 +685,14 @@ def test_an_arm_waits_for_a_failed_baseline_and_a_resume_completes_the_pair(
     assert {k: v[0] for k, v in st.items()} == {BASE: "terminated", HOLD: "terminated",
                                                 SHRINK: "terminated"}, (st, p.stdout)
     assert st[HOLD][1] == 1 and st[SHRINK][1] == 1  # neither ran twice
-    assert assert_matches_reference(db, "pair") == 3  # every value: an uninterrupted run's
+    try:
+        assert assert_matches_reference(db, "pair") == 3  # every value: an uninterrupted run's
+    except AssertionError as e:
+        with open_store(db) as store:
+            ck = store.sql("SELECT t.trial_key, c.step, c.kind FROM checkpoints c JOIN trials t "
+                           "ON t.id = c.trial_id ORDER BY 1, 2").rows()
+        raise AssertionError(f"{e}\nkilled at step {killed}; checkpoints {ck}\n--- first run\n"
+                             f"{out}\n--- resume\n{p.stdout}\n{p.stderr}") from None
     with open_store(db) as store:
         assert pairing.inconsistent_pairs(store, "pair") == []
         trials = store.trials("pair")
