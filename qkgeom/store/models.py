@@ -77,6 +77,38 @@ class Sweep(Base):
     # seconds between the heartbeats of the sweep's running trials, as its last run wrote
     # them; NULL when no heartbeat is promised (qkgeom train --db, older databases)
     heartbeat_s: Mapped[float | None] = mapped_column(Double)
+    # database_info.identity of the database whose driver created the sweep and its files
+    # (carried by qkgeom db merge); NULL for sweeps recorded before revision 0009
+    origin: Mapped[str | None] = mapped_column(String(64))
+
+
+class DatabaseInfo(Base):
+    """Facts about the database itself: ``identity`` (random hex, stamped in the
+    directories qkgeom creates for its sweeps) and ``created_at``."""
+
+    __tablename__ = "database_info"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+
+
+class SweepLease(Base):
+    """The one driver that holds a sweep (``qkgeom.store.lease``): who (host, pid,
+    command, a random token), since when and its last heartbeat, both from the database's
+    own clock; it is stale after ``stale_after_s`` seconds without a heartbeat."""
+
+    __tablename__ = "sweep_leases"
+
+    sweep_id: Mapped[int] = mapped_column(
+        ForeignKey("sweeps.id", ondelete="CASCADE"), primary_key=True
+    )
+    token: Mapped[str] = mapped_column(String(64))
+    host: Mapped[str] = mapped_column(String(200))
+    pid: Mapped[int] = mapped_column(Integer)
+    command: Mapped[str | None] = mapped_column(String(200))
+    taken_at: Mapped[datetime] = mapped_column(Stamp)
+    heartbeat_at: Mapped[datetime] = mapped_column(Stamp)
+    stale_after_s: Mapped[float] = mapped_column(Double)
 
 
 class Trial(Base):

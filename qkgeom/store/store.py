@@ -85,9 +85,16 @@ class Store(ResultWrites, Reads):
                      heartbeat_s: float | None = None) -> int:
         """The id of sweep ``name``, created if new; spec, code_version and heartbeat_s (the
         seconds between its running trials' heartbeats, None for none) are updated."""
+        from sqlalchemy import select
+
+        from qkgeom.store.models import DatabaseInfo
+
+        info = DatabaseInfo.__table__
+        # a new sweep's files are this database's (sweeps.origin; db merge carries it)
+        here = select(info.c.value).where(info.c.key == "identity").scalar_subquery()
         ins = self._insert(Sweep.__table__).values(
             name=name, spec=spec, code_version=code_version, created_at=now_utc(),
-            heartbeat_s=heartbeat_s,
+            heartbeat_s=heartbeat_s, origin=here,
         )
         stmt = ins.on_conflict_do_update(
             index_elements=["name"],

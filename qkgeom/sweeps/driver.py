@@ -41,7 +41,8 @@ from typing import Any
 from ray import tune
 
 from qkgeom.plan.spec import SweepError, SweepPlan, TrialSpec
-from qkgeom.store.lifecycle import mark_interrupted
+from qkgeom.store.lease import LeaseKeeper, acquire
+from qkgeom.store.lifecycle import STALE_AFTER, mark_interrupted
 from qkgeom.sweeps.callbacks import (
     DbWriter,
     ProgressReporter,
@@ -117,8 +118,22 @@ def run_sweep(plan: SweepPlan, opts: SweepOptions) -> dict[str, Any]:
     if opts.address is None:
         for dataset in sorted({t.config.get("dataset", "default") for t in plan.trials}):
             worker_corpus(dataset)
+    taken: dict[str, Any] = {}
+
+    def take_lease(store: Any, sweep_id: int) -> None:
+        token, old = acquire(store, sweep_id, plan.name, command=_command(opts),
+                             stale_after_s=STALE_AFTER * opts.heartbeat_s)
+        taken.update(token=token, old=old)
+
     sid, n_int, code_before = prepare_db(plan, db_url, resume=opts.resume, threads=threads,
-                                         storage=storage, heartbeat_s=opts.heartbeat_s)
+                                         storage=storage, heartbeat_s=opts.heartbeat_s,
+                                         take_lease=take_lease)
+    keeper = LeaseKeeper(db_url, sid, taken["token"], opts.heartbeat_s,
+                         on_lost=_lease_lost).start()
+    old = taken["old"]
+    if old is not None:
+        say(f"took over sweep {plan.name} from its earlier driver (pid {old.pid} on "
+            f"{old.host}: {old.gone()})")
     if n_int:
         say(f"marked {n_int} trial(s) left running by a dead driver as interrupted")
     if code_before:
@@ -128,7 +143,7 @@ def run_sweep(plan: SweepPlan, opts: SweepOptions) -> dict[str, Any]:
     DRIVER_STATE.sweep_t0 = time.monotonic()  # the progress line's clock, across both phases
     DRIVER_STATE.finished_before = finished_keys(db_url, plan.name)
     try:
-        return _run(plan, opts, db_url, storage, threads, sid, t0)
+        return _run(plan, opts, db_url, storage, threads, sid, t0, keeper)
     except (KeyboardInterrupt, SystemExit) as e:
         # SystemExit(15): a SIGTERM inside ray.init, whose core worker handles it with
         # sys.exit before the sweep's own handler is back: the same stop as ours
@@ -137,15 +152,30 @@ def run_sweep(plan: SweepPlan, opts: SweepOptions) -> dict[str, Any]:
                 raise
             DRIVER_STATE.interrupted = DRIVER_STATE.interrupted or "SIGTERM"
         try:
-            mark_interrupted(db_url, plan.name, DRIVER_STATE.interrupted or "SIGINT")
+            if not keeper.lost:  # another driver runs the sweep now: its trials are its own
+                mark_interrupted(db_url, plan.name, DRIVER_STATE.interrupted or "SIGINT")
         except Exception:  # the record is best effort on a hard stop; resume fixes it
             pass
         if isinstance(e, SystemExit):
             raise KeyboardInterrupt from None
         raise
     finally:
-        old, DRIVER_STATE.old_handlers = DRIVER_STATE.old_handlers, {}
-        restore_signal_handlers(old)
+        keeper.stop()
+        handlers, DRIVER_STATE.old_handlers = DRIVER_STATE.old_handlers, {}
+        restore_signal_handlers(handlers)
+
+
+def _command(opts: SweepOptions) -> str:
+    """How the lease names this driver: ``qkgeom sweep [--resume] --name NAME``."""
+    return "qkgeom sweep" + (" --resume" if opts.resume else "")
+
+
+def _lease_lost() -> None:
+    """Another driver took the sweep (this one was stale: stopped, suspended or cut off
+    for longer than the lease allows): stop as on SIGTERM, without marking its trials."""
+    import os
+
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _checked(plan: SweepPlan, opts: SweepOptions) -> tuple[str, str, int]:
@@ -167,7 +197,7 @@ def _checked(plan: SweepPlan, opts: SweepOptions) -> tuple[str, str, int]:
 
 
 def _run(plan: SweepPlan, opts: SweepOptions, db_url: str, storage: str, threads: int,
-         sid: int, t0: float) -> dict[str, Any]:
+         sid: int, t0: float, keeper: LeaseKeeper) -> dict[str, Any]:
     """Ray started, the two phases run; the end-of-sweep summary from the database."""
     from qkgeom.store import safe_url
 
@@ -192,7 +222,7 @@ def _run(plan: SweepPlan, opts: SweepOptions, db_url: str, storage: str, threads
     if later and not DRIVER_STATE.interrupted:
         waiting = _run_arms(plan, later, opts, db_url, storage, threads, gpus)
     why = DRIVER_STATE.interrupted
-    if why:
+    if why and not keeper.lost:
         mark_interrupted(db_url, plan.name, why)
     statuses = trial_statuses(db_url, plan.name)
     return {"name": plan.name, "wall_s": time.perf_counter() - t0, "trials": statuses,

@@ -10,6 +10,7 @@ continues it instead.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -79,7 +80,8 @@ def experiment_exists(name: str, path: str) -> SweepError:
 
 
 def prepare_db(plan: SweepPlan, db_url: str, *, resume: bool, threads: int,
-               storage: str | None = None, heartbeat_s: float | None = None
+               storage: str | None = None, heartbeat_s: float | None = None,
+               take_lease: Callable[[Store, int], None] | None = None,
                ) -> tuple[int, int, str | None]:
     """Insert the sweep and every trial (pending) before anything runs.
 
@@ -89,7 +91,10 @@ def prepare_db(plan: SweepPlan, db_url: str, *, resume: bool, threads: int,
     then names this run's, and each attempt keeps its own in ``trial_attempts``.
     ``storage`` (the Tune storage root of this run) is recorded in the stored spec under
     :data:`STORAGE_KEY`, for later resumes; ``heartbeat_s`` (the interval of this run's
-    heartbeats) in ``sweeps.heartbeat_s``.
+    heartbeats) in ``sweeps.heartbeat_s``. ``take_lease(store, sweep_id)`` runs once the
+    sweep is recorded and before any trial is touched: the driver takes the sweep's lease
+    there (:mod:`qkgeom.store.lease`), so a live driver's trials are never marked
+    interrupted by a second one.
     """
     from qkgeom.store import open_store
 
@@ -102,6 +107,8 @@ def prepare_db(plan: SweepPlan, db_url: str, *, resume: bool, threads: int,
         before = dict(zip(sweeps["name"], sweeps["code_version"])).get(plan.name)
         now = code_version()
         sid = store.ensure_sweep(plan.name, spec, now, heartbeat_s=heartbeat_s)
+        if take_lease is not None:
+            take_lease(store, sid)
         n_int = store.mark_running_interrupted(sid) if resume else 0
         for t in plan.trials:
             cfg = dict(t.config, threads=threads)
