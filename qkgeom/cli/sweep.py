@@ -295,6 +295,7 @@ def status_rows(db: str | None, name: str | None) -> list[dict[str, Any]]:
     from datetime import datetime, timezone
 
     from qkgeom.store import open_store
+    from qkgeom.store.lease import read_lease
     from qkgeom.store.lifecycle import no_heartbeat_s, stale_note
 
     with open_store(db, create=False, readonly=True) as store:
@@ -313,6 +314,7 @@ def status_rows(db: str | None, name: str | None) -> list[dict[str, Any]]:
         last_by = store.last_probes(sid)
         n_snaps = store.snapshot_counts(sid)
         latest = {r["trial_id"]: r for r in store.attempts(name).iter_rows(named=True)}
+        lease = read_lease(store, sid)
     now = datetime.now(timezone.utc)
     rows = []
     for t in trials.iter_rows(named=True):
@@ -329,7 +331,7 @@ def status_rows(db: str | None, name: str | None) -> list[dict[str, Any]]:
                          heartbeat_at=None if beat is None else _utc(beat).isoformat(),
                          stale=age is not None,
                          no_heartbeat_s=None if age is None else round(age, 1),
-                         note="" if age is None else stale_note(age, name),
+                         note="" if age is None else stale_note(age, name, lease),
                          provenance=_provenance(latest.get(t["id"]))))
     return rows
 
@@ -402,12 +404,19 @@ def status(name: str | None, db: str | None, as_json: bool) -> None:
 @click.option("--name", required=True, help="The sweep to delete.")
 @db_option
 @click.option("--yes", is_flag=True, help="Delete without asking.")
-@click.option("--dry-run", is_flag=True, help="List what would be deleted; change nothing.")
-def delete(name: str, db: str | None, yes: bool, dry_run: bool) -> None:
+@click.option("--dry-run", is_flag=True,
+              help="List what would be deleted; opens the database read-only, changes nothing.")
+@click.option("--stopped", is_flag=True,
+              help="You know its driver has stopped: delete even though a trial is recorded "
+                   "as running with no heartbeat to prove it (never against a live lease).")
+def delete(name: str, db: str | None, yes: bool, dry_run: bool, stopped: bool) -> None:
     """Delete a sweep: its rows (trials, probes, metrics, training steps, checkpoints) and
-    its files (Tune experiment directories, resume checkpoints, weight snapshots).
+    the files qkgeom made for it (Tune experiment directories, resume checkpoints, weight
+    snapshots).
 
-    Other sweeps' rows and files are not touched. Asks first, unless --yes.
+    Only files provably the sweep's are removed; other sweeps' rows and files, the working
+    directory, HOME and a merged copy's origin are never touched (docs/sweeps.md). Asks
+    first, unless --yes; refuses while the sweep may be running.
     """
     from qkgeom.store import open_store, resolve_url
     from qkgeom.store.engine import sqlite_path
@@ -420,18 +429,21 @@ def delete(name: str, db: str | None, yes: bool, dry_run: bool) -> None:
             from qkgeom.errors import QkgeomError
 
             raise QkgeomError(f"no database at {path}: nothing to delete (check --db)")
-        with open_store(url, create=False) as store:
-            plan = plan_removal(store, name)
-            click.echo(format_removal(plan))
-            if dry_run:
-                click.echo("--dry-run: nothing was deleted")
-                return
-            plan.check_stopped()
-            if not yes:
-                click.confirm(f"delete sweep {name}, its rows and these files?", abort=True)
-            rows = remove_sweep(store, plan)
+        with open_store(url, create=False, readonly=True) as store:
+            plan = plan_removal(store, name, stopped=stopped)
+        click.echo(format_removal(plan))
+        if dry_run:
+            click.echo("--dry-run: nothing was deleted")
+            return
+        plan.check_stopped()
+        if not yes:
+            click.confirm(f"delete sweep {name}, its rows and these files?", abort=True)
+        # checked again inside the deleting transaction: the prompt may have waited long
+        rows = remove_sweep(url, plan, stopped=stopped)
     click.echo(f"deleted sweep {name}: {_rows_text(rows)}; removed {len(plan.paths)} "
                f"path(s), {_size_text(plan.bytes)}")
+    if plan.kept:
+        click.echo(f"left {len(plan.kept)} path(s) in place (listed as kept above)")
 
 
 _ROW_WORDS = {"trials": "trials", "trial_attempts": "attempts", "probes": "probes",
@@ -455,10 +467,15 @@ def format_removal(plan: Any) -> str:
     lines = [f"sweep {plan.name} in {plan.db}: {_rows_text(plan.rows)}"]
     if plan.running:
         names = ", ".join(plan.running[:3]) + (", ..." if len(plan.running) > 3 else "")
-        state = (f"{len(plan.live)} with a recent heartbeat: the sweep runs" if plan.live
-                 else "no recent heartbeat: their driver is gone, or it sends none")
+        state = (f"it may be running: {plan.live[0]}" if plan.live
+                 else "their driver is provably gone")
         lines.append(f"warning: {len(plan.running)} trial(s) are recorded as running "
                      f"({names}; {state})")
+    elif plan.live:
+        lines.append(f"warning: it may be running: {plan.live[0]}")
+    if plan.origin:
+        lines.append(f"merged from database {plan.origin}: its rows go, its files stay "
+                     "(they are that database's)")
     if plan.storage is None:
         lines.append("no Ray storage is recorded for it: only its recorded checkpoint "
                      "locations are removed")

@@ -199,22 +199,24 @@ def release(store: Store, sweep_id: int, token: str) -> bool:
     return n == 1
 
 
-class LeaseKeeper:
-    """Renews a taken lease every ``every_s`` seconds from a daemon thread with its own
-    connection, until :meth:`stop` (which releases it). A renewal that finds the lease
-    taken by another driver sets :attr:`lost` and calls ``on_lost`` once; a renewal that
-    fails (a locked or unreachable database) is retried at the next tick."""
+class Beater:
+    """Calls ``beat(store)`` every ``every_s`` seconds from a daemon thread with a
+    connection of its own, until :meth:`stop`: a heartbeat that does not depend on what
+    the main thread is doing. ``beat`` returning False ends it (:attr:`lost`) and calls
+    ``on_lost`` once; a beat that fails (a locked or unreachable database) is tried again
+    at the next tick."""
 
-    def __init__(self, url: str, sweep_id: int, token: str, every_s: float,
+    def __init__(self, url: str, every_s: float, beat: Callable[[Store], bool],
                  on_lost: Callable[[], None] | None = None) -> None:
-        self.url, self.sweep_id, self.token = url, sweep_id, token
+        self.url, self.beat = url, beat
         self.every_s = max(0.05, float(every_s))
         self.on_lost = on_lost
         self.lost = False
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="qkgeom-lease", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="qkgeom-heartbeat",
+                                        daemon=True)
 
-    def start(self) -> LeaseKeeper:
+    def start(self) -> Beater:
         self._thread.start()
         return self
 
@@ -227,10 +229,8 @@ class LeaseKeeper:
                 try:
                     if store is None:
                         store = open_store(self.url, create=False)
-                    if not renew(store, self.sweep_id, self.token):
+                    if not self.beat(store):
                         self.lost = True
-                        print("qkgeom: this driver's lease of the sweep was taken by another "
-                              "driver; stopping", file=sys.stderr, flush=True)
                         if self.on_lost is not None:
                             self.on_lost()
                         return
@@ -240,10 +240,38 @@ class LeaseKeeper:
             if store is not None:
                 store.close()
 
-    def stop(self, *, release_it: bool = True) -> None:
+    def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=max(5.0, 2 * self.every_s))
+
+    def __enter__(self) -> Beater:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class LeaseKeeper(Beater):
+    """Renews a taken lease every ``every_s`` seconds (a :class:`Beater`) until
+    :meth:`stop`, which releases it. A renewal that finds the lease taken by another
+    driver sets :attr:`lost`, says so, and calls ``on_lost``."""
+
+    def __init__(self, url: str, sweep_id: int, token: str, every_s: float,
+                 on_lost: Callable[[], None] | None = None) -> None:
+        self.sweep_id, self.token = sweep_id, token
+        self._lost_hook = on_lost
+        super().__init__(url, every_s, lambda store: renew(store, sweep_id, token),
+                         on_lost=self._said_lost)
+
+    def _said_lost(self) -> None:
+        print("qkgeom: another driver took over this sweep's lease; stopping this one",
+              file=sys.stderr, flush=True)
+        if self._lost_hook is not None:
+            self._lost_hook()
+
+    def stop(self, *, release_it: bool = True) -> None:
+        super().stop()
         if release_it and not self.lost:
             from qkgeom.store import open_store
 
@@ -252,12 +280,6 @@ class LeaseKeeper:
                     release(store, self.sweep_id, self.token)
             except QkgeomError:
                 pass  # left behind: stale after its interval, or a dead pid on this host
-
-    def __enter__(self) -> LeaseKeeper:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 # ---------------------------------------------------------------------- liveness

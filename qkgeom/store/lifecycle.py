@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from qkgeom.store import Store
+    from qkgeom.store.lease import Lease
 
 HEARTBEAT_S = 30.0  # seconds between a running sweep's heartbeats (default)
 STALE_AFTER = 3  # heartbeat intervals without one before a running trial counts as stale
@@ -126,7 +127,14 @@ def no_heartbeat_s(status: str, heartbeat_at: datetime | None, started_at: datet
     return age if age > STALE_AFTER * heartbeat_s else None
 
 
-def stale_note(age_s: float, sweep: str) -> str:
-    """What ``qkgeom status`` and the live page say of a stale running trial."""
-    return (f"running, no heartbeat for {duration_text(age_s)}: the driver is gone? "
-            f"qkgeom sweep --resume --name {sweep} marks it interrupted")
+def stale_note(age_s: float, sweep: str, lease: Lease | None = None) -> str:
+    """What ``qkgeom status`` and the live page show of a stale running trial. With the
+    sweep's ``lease`` (:mod:`qkgeom.store.lease`) still live, its driver is alive (only
+    slow, or blocked): a resume would be refused, so the note says to wait instead."""
+    late = f"running, no heartbeat for {duration_text(age_s)}"
+    if lease is not None and lease.live:
+        return (f"{late}, but its driver still holds the sweep's lease ({lease.holder()}): "
+                "it is alive; wait, or stop that driver to resume")
+    gone = f" ({lease.gone()})" if lease is not None else ""
+    return (f"{late}: the driver is gone?{gone} qkgeom sweep --resume --name {sweep} "
+            "takes the sweep over and marks it interrupted")

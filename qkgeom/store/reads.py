@@ -349,23 +349,27 @@ class Reads(StoreBase):
         with self._read() as conn:
             return [(str(n), str(loc)) for n, loc in conn.execute(q)]
 
-    def sweep_row_counts(self, name: str) -> dict[str, int]:
+    def sweep_row_counts(self, name: str, *, conn: Any = None) -> dict[str, int]:
         """How many rows sweep ``name`` has in ``trials`` and in each table of trial rows
-        (probes, probe_metrics, ...): what deleting it removes."""
+        (probes, probe_metrics, ...): what deleting it removes. ``conn``: read inside that
+        open transaction."""
+        if conn is None:
+            with self._read() as c:
+                return self.sweep_row_counts(name, conn=c)
         from sqlalchemy import bindparam, func, select
 
         from qkgeom.store.models import TRIAL_TABLES
 
-        t = Trial.__table__
-        sid = self.require_sweep(name)
+        t, s = Trial.__table__, Sweep.__table__
+        sid = conn.execute(select(s.c.id).where(s.c.name == name)).scalar()
+        if sid is None:
+            self.require_sweep(name)
         ids = select(t.c.id).where(t.c.sweep_id == bindparam("sid")).scalar_subquery()
-        out = {}
-        with self._read() as conn:
-            out["trials"] = int(conn.execute(select(func.count()).select_from(t).where(
-                t.c.sweep_id == bindparam("sid")), {"sid": sid}).scalar_one())
-            for tab in TRIAL_TABLES:
-                q = select(func.count()).select_from(tab).where(tab.c.trial_id.in_(ids))
-                out[tab.name] = int(conn.execute(q, {"sid": sid}).scalar_one())
+        out = {"trials": int(conn.execute(select(func.count()).select_from(t).where(
+            t.c.sweep_id == bindparam("sid")), {"sid": sid}).scalar_one())}
+        for tab in TRIAL_TABLES:
+            q = select(func.count()).select_from(tab).where(tab.c.trial_id.in_(ids))
+            out[tab.name] = int(conn.execute(q, {"sid": sid}).scalar_one())
         return out
 
     def attempts(self, sweep: str) -> Any:

@@ -246,22 +246,40 @@ class Store(ResultWrites, Reads):
         with self._write() as conn:
             return int(conn.execute(stmt).rowcount)
 
-    def delete_sweep(self, name: str) -> dict[str, int]:
+    def lock_sweep(self, conn: Any, name: str) -> None:
+        """Inside a write transaction: hold sweep ``name``'s row until it ends, so no
+        driver takes its lease meanwhile (PostgreSQL ``FOR UPDATE``; a SQLite write
+        transaction already holds the whole database)."""
+        from sqlalchemy import select
+
+        s = Sweep.__table__
+        q = select(s.c.id).where(s.c.name == name)
+        if self.dialect == "postgresql":
+            q = q.with_for_update()
+        conn.execute(q).first()
+
+    def delete_sweep(self, name: str, *, conn: Any = None) -> dict[str, int]:
         """Delete sweep ``name`` and every row of its trials, in one transaction (files are
-        :func:`qkgeom.sweeps.files.remove_sweep`'s). Returns the rows deleted per table, as
-        :meth:`sweep_row_counts` counts them."""
+        :func:`qkgeom.sweeps.files.remove_sweep`'s; ``conn``: inside that open write
+        transaction). Returns the rows deleted per table, as :meth:`sweep_row_counts`
+        counts them."""
+        if conn is None:
+            with self._write() as c:
+                return self.delete_sweep(name, conn=c)
         from sqlalchemy import bindparam, select
 
-        from qkgeom.store.models import TRIAL_TABLES
+        from qkgeom.store.models import TRIAL_TABLES, SweepLease
 
-        s, t = Sweep.__table__, Trial.__table__
-        sid = self.require_sweep(name)
+        s, t, lease = Sweep.__table__, Trial.__table__, SweepLease.__table__
+        sid = conn.execute(select(s.c.id).where(s.c.name == name)).scalar()
+        if sid is None:
+            self.require_sweep(name)  # the error that lists the sweeps there
         ids = select(t.c.id).where(t.c.sweep_id == bindparam("sid")).scalar_subquery()
         out: dict[str, int] = {}
-        with self._write() as conn:
-            for tab in TRIAL_TABLES:  # explicitly, not by cascade: counted, on any backend
-                out[tab.name] = int(conn.execute(tab.delete().where(tab.c.trial_id.in_(ids)),
-                                                 {"sid": sid}).rowcount or 0)
-            out["trials"] = int(conn.execute(t.delete().where(t.c.sweep_id == sid)).rowcount)
-            conn.execute(s.delete().where(s.c.id == sid))
+        for tab in TRIAL_TABLES:  # explicitly, not by cascade: counted, on any backend
+            out[tab.name] = int(conn.execute(tab.delete().where(tab.c.trial_id.in_(ids)),
+                                             {"sid": sid}).rowcount or 0)
+        out["trials"] = int(conn.execute(t.delete().where(t.c.sweep_id == sid)).rowcount)
+        conn.execute(lease.delete().where(lease.c.sweep_id == sid))
+        conn.execute(s.delete().where(s.c.id == sid))
         return {"trials": out.pop("trials"), **out}

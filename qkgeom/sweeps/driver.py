@@ -41,7 +41,7 @@ from typing import Any
 from ray import tune
 
 from qkgeom.plan.spec import SweepError, SweepPlan, TrialSpec
-from qkgeom.store.lease import LeaseKeeper, acquire
+from qkgeom.store.lease import LeaseKeeper, acquire, database_identity
 from qkgeom.store.lifecycle import STALE_AFTER, mark_interrupted
 from qkgeom.sweeps.callbacks import (
     DbWriter,
@@ -123,7 +123,7 @@ def run_sweep(plan: SweepPlan, opts: SweepOptions) -> dict[str, Any]:
     def take_lease(store: Any, sweep_id: int) -> None:
         token, old = acquire(store, sweep_id, plan.name, command=_command(opts),
                              stale_after_s=STALE_AFTER * opts.heartbeat_s)
-        taken.update(token=token, old=old)
+        taken.update(token=token, old=old, identity=database_identity(store))
 
     sid, n_int, code_before = prepare_db(plan, db_url, resume=opts.resume, threads=threads,
                                          storage=storage, heartbeat_s=opts.heartbeat_s,
@@ -140,6 +140,7 @@ def run_sweep(plan: SweepPlan, opts: SweepOptions) -> dict[str, Any]:
         say(f"sweep {plan.name} ran with qkgeom {code_before}; this resume runs "
             f"{code_version()} (each trial attempt records its own in trial_attempts)")
     DRIVER_STATE.db_url, DRIVER_STATE.storage = db_url, storage
+    DRIVER_STATE.db_identity = taken["identity"]
     DRIVER_STATE.sweep_t0 = time.monotonic()  # the progress line's clock, across both phases
     DRIVER_STATE.finished_before = finished_keys(db_url, plan.name)
     try:

@@ -18,7 +18,7 @@ from qkgeom.errors import QkgeomError
 from qkgeom.plan.spec import SweepError, SweepPlan, TrialSpec
 from qkgeom.store.lifecycle import mark_interrupted
 from qkgeom.sweeps.callbacks import DbWriter, ProgressReporter
-from qkgeom.sweeps.files import join_storage
+from qkgeom.sweeps.files import join_storage, stamp_directory
 from qkgeom.sweeps.options import SweepOptions
 from qkgeom.sweeps.resume import experiment_exists, finished_keys
 from qkgeom.sweeps.state import DRIVER_STATE
@@ -47,6 +47,8 @@ def run_experiment(plan: SweepPlan, trials: list[TrialSpec], exp_name: str,
     fn = tune.with_resources(
         tune.with_parameters(trainable, db_url=direct_url, finished=finished,
                              storage_root=storage), {"cpu": opts.cpus_per_trial, "gpu": gpus})
+    # whose directory this is, for qkgeom sweep delete (qkgeom.sweeps.files)
+    stamp_directory(path, DRIVER_STATE.db_identity, plan.name)
     if restore:
         tuner = tune.Tuner.restore(path, fn, resume_unfinished=True, resume_errored=True)
     else:

@@ -89,7 +89,8 @@ def open_location(loc: str) -> tuple[Any, str]:
         except Exception as e:  # unknown scheme, missing credentials, bad bucket name
             raise QkgeomError(f"cannot open {loc}: {str(e).strip().splitlines()[0]}; "
                               "check the storage's credentials and rerun") from None
-    return pafs.LocalFileSystem(), str(Path(loc).expanduser().resolve())
+    # absolute, symlinks not followed: a link is judged (and removed) as the link
+    return pafs.LocalFileSystem(), os.path.normpath(os.path.abspath(os.path.expanduser(loc)))
 
 
 def _key(loc: str) -> tuple[str, str]:
@@ -99,7 +100,7 @@ def _key(loc: str) -> tuple[str, str]:
         scheme, _, rest = loc.partition("://")
         rest = rest.partition("?")[0].rstrip("/")
         return ("local", rest) if scheme == "file" else (scheme, rest)
-    return "local", str(Path(loc).expanduser().resolve()).rstrip("/")
+    return "local", os.path.normpath(os.path.abspath(os.path.expanduser(loc))).rstrip("/")
 
 
 def _inside(a: tuple[str, str], b: tuple[str, str]) -> bool:
@@ -111,6 +112,8 @@ def _size(fs: Any, path: str) -> int | None:
     """Bytes under ``path`` (a file or a directory); None when it does not exist."""
     import pyarrow.fs as pafs
 
+    if isinstance(fs, pafs.LocalFileSystem) and os.path.islink(path):
+        return 0  # the link goes, not what it points at
     info = fs.get_file_info(path)
     if info.type == pafs.FileType.NotFound:
         return None
@@ -135,6 +138,101 @@ def _experiment_dirs(storage: str, name: str) -> list[str]:
     return [join_storage(storage, n) for n in names]
 
 
+# ---------------------------------------------------------------------- ownership stamps
+OWNER_STAMP = ".qkgeom-owner.json"  # in each directory qkgeom creates for a sweep
+# the names qkgeom gives saved state (Tune's checkpoint_NNNNNN, qkgeom's step_NNNNNNN):
+# an unstamped location outside the sweep's experiment directories must be one of them
+STATE_NAME = re.compile(r"(checkpoint_\d+|step_\d+)")
+
+
+def stamp_directory(loc: str, identity: str | None, sweep: str) -> None:
+    """Write ``loc/.qkgeom-owner.json`` naming the database ``identity`` and ``sweep``
+    (the directory is created if needed); an existing stamp is left as it is. Best effort:
+    a storage that refuses the write leaves the directory unstamped."""
+    import json
+
+    if identity is None:
+        return
+    try:
+        fs, path = open_location(loc)
+        fs.create_dir(path, recursive=True)
+        stamp = f"{path}/{OWNER_STAMP}"
+        import pyarrow.fs as pafs
+
+        if fs.get_file_info(stamp).type != pafs.FileType.NotFound:
+            return
+        with fs.open_output_stream(stamp) as out:
+            out.write(json.dumps({"database": identity, "sweep": sweep}).encode())
+    except (OSError, QkgeomError):
+        pass
+
+
+def read_stamp(fs: Any, path: str) -> dict | None:
+    """The ownership stamp in directory ``path`` (None when there is none or it is not
+    one qkgeom wrote)."""
+    import json
+
+    try:
+        with fs.open_input_stream(f"{path}/{OWNER_STAMP}") as f:
+            got = json.loads(f.read(4096).decode())
+    except (OSError, ValueError):
+        return None
+    return got if isinstance(got, dict) and "database" in got else None
+
+
+def _nearest_stamp(loc: str) -> tuple[str, dict] | None:
+    """The stamp of ``loc`` or of its nearest ancestor directory, with where it is."""
+    fs, path = open_location(loc)
+    while path and path not in ("/", "."):
+        got = read_stamp(fs, path)
+        if got is not None:
+            return path, got
+        parent = path.rsplit("/", 1)[0]
+        if parent == path:
+            break
+        path = parent
+    return None
+
+
+# ---------------------------------------------------------------------- guards
+def _local(loc: str) -> str | None:
+    """The absolute local path of a location, symlinks not followed (None: not local)."""
+    if "://" in loc:
+        scheme, _, rest = loc.partition("://")
+        return os.path.normpath(rest.partition("?")[0]) if scheme == "file" else None
+    return os.path.normpath(os.path.abspath(os.path.expanduser(loc)))
+
+
+def _contains(outer: str, inner: str) -> bool:
+    """Whether path ``inner`` is ``outer`` or lies below it (both absolute, normalised)."""
+    return inner == outer or inner.startswith(outer.rstrip("/") + "/")
+
+
+def protected_reason(loc: str, keep: dict[str, str]) -> str | None:
+    """Why ``loc`` must never be deleted, or None: it is, or contains, the working
+    directory, HOME, a filesystem root, or one of ``keep`` (path -> what it is, e.g. the
+    storage root or another sweep's directory); compared as given and with symlinks
+    resolved, so neither spelling slips past."""
+    path = _local(loc)
+    if path is None:
+        return None
+    guards = {os.getcwd(): "the working directory", str(Path.home()): "HOME"}
+    guards.update(keep)
+    spellings = {path}
+    try:
+        spellings.add(os.path.realpath(path))
+    except OSError:
+        pass
+    for p in spellings:
+        if p == "/" or os.path.dirname(p) == p or os.path.ismount(p):
+            return "a filesystem root or mount point"
+        for g, what in guards.items():
+            for gs in {os.path.normpath(g), os.path.realpath(g)}:
+                if _contains(p, gs):
+                    return f"is or contains {what} ({gs})"
+    return None
+
+
 # ---------------------------------------------------------------------- deleting a sweep
 @dataclass
 class SweepRemoval:
@@ -148,52 +246,76 @@ class SweepRemoval:
     kept: list[tuple[str, str]] = field(default_factory=list)  # (location, why not removed)
     gone: int = 0  # recorded checkpoint locations that no longer exist
     running: list[str] = field(default_factory=list)  # trials the database holds as running
-    live: list[str] = field(default_factory=list)  # ... of them with a fresh heartbeat
+    live: list[str] = field(default_factory=list)  # why the sweep may be running now
+    origin: str | None = None  # the database whose files they are, when not this one
 
     @property
     def bytes(self) -> int:
         return sum(n for _, n in self.paths)
 
-    def check_stopped(self) -> None:
-        """Refuse to delete a sweep whose driver still sends heartbeats."""
-        if self.live:
+    def check_stopped(self, live: list[str] | None = None) -> None:
+        """Refuse to delete a sweep that may still run (``live``: the reasons, as
+        :func:`qkgeom.store.lease.sweep_liveness` gives them; default the plan's)."""
+        live = self.live if live is None else live
+        if live:
             raise QkgeomError(
-                f"sweep {self.name} is running ({len(self.live)} trial(s) with a recent "
-                f"heartbeat, e.g. {self.live[0]}); stop its driver first (Ctrl-C), then "
-                f"delete it")
+                f"sweep {self.name} may be running ({live[0]}"
+                f"{f'; and {len(live) - 1} more' if len(live) > 1 else ''}); stop its driver "
+                f"first (Ctrl-C), then delete it; if you know it has stopped, give --stopped")
 
 
-def plan_removal(store: Store, name: str) -> SweepRemoval:
-    """Everything of sweep ``name`` that :func:`remove_sweep` would delete; changes nothing.
+def plan_removal(store: Store, name: str, *, stopped: bool = False) -> SweepRemoval:
+    """Everything of sweep ``name`` that :func:`remove_sweep` would delete; changes nothing
+    (``store`` may be read-only).
 
-    The files: the sweep's experiment directories in its recorded storage, and every
-    checkpoint location of its trials that lies outside them. A path another sweep of
-    the database could own is kept (listed with the reason, see the module doc). Running
-    trials with a fresh heartbeat (:mod:`qkgeom.store.lifecycle`) are ``live``: their sweep
-    is not deleted while its driver runs.
+    A file is removed only when it is provably the sweep's: its experiment directories in
+    its recorded storage, and its recorded checkpoint locations outside them when they lie
+    in a directory stamped for this sweep by this database (``.qkgeom-owner.json``) or,
+    unstamped, carry qkgeom's own names (``checkpoint_N``, ``step_N``). Never a path that
+    is or contains the working directory, HOME, a filesystem root, the storage root or
+    another sweep's storage or directory; never a path another sweep of the database
+    could own; never the files of a sweep merged from another database (``sweeps.origin``).
+    A symlink is removed as a link, its target never. ``live``: why the sweep may still
+    run (:func:`qkgeom.store.lease.sweep_liveness`); ``stopped`` drops the reasons that
+    cannot be proved either way (no heartbeat interval, a stale lease elsewhere).
     """
     import json
 
-    from qkgeom.store.lifecycle import no_heartbeat_s
+    from qkgeom.store.lease import database_identity, sweep_liveness
 
-    store.require_sweep(name)
+    sid = store.require_sweep(name)
     frame = store.sweeps()
     sweeps = {r["name"]: json.loads(r["spec"]) for r in frame.iter_rows(named=True)}
-    every = dict(zip(frame["name"], frame["heartbeat_s"]))[name]
     storage = (sweeps[name] or {}).get(STORAGE_KEY)
+    here = database_identity(store)
+    origin = _origin(store, sid)
     locations = store.checkpoint_locations()
     running = store.trials(name).filter(status="running")
     plan = SweepRemoval(name=name, db=store.safe_url, rows=store.sweep_row_counts(name),
                         storage=storage, running=sorted(running["trial_key"]))
-    plan.live = sorted(t["trial_key"] for t in running.iter_rows(named=True)
-                       if every is not None and no_heartbeat_s(
-                           "running", t["heartbeat_at"], t["started_at"], every) is None)
+    plan.live = [w for w in sweep_liveness(store, name)
+                 if not (stopped and "holds the lease" not in w)]
+    foreign = origin is not None and here is not None and origin != here
+    if foreign:
+        plan.origin = origin
     theirs = [(s, _key(loc)) for s, loc in locations if s != name]
     storages = {s: _key(spec[STORAGE_KEY]) for s, spec in sweeps.items()
                 if s != name and (spec or {}).get(STORAGE_KEY)}
+    keep: dict[str, str] = {}
+    if storage and _local(storage):
+        keep[_local(storage)] = "the sweep's Ray storage root"
+    for s, k in storages.items():
+        if k[0] == "local":
+            keep[k[1]] = f"the Ray storage of sweep {s}"
+    for s, k in theirs:
+        if k[0] == "local":
+            keep.setdefault(k[1], f"a checkpoint of sweep {s}")
 
     def owner(loc: str, key: tuple[str, str], experiment: bool) -> str | None:
-        """Why another sweep could own ``loc``, or None."""
+        """Why another sweep (or nobody provably this one) could own ``loc``, or None."""
+        if foreign:
+            return (f"the sweep was merged from database {origin}: its files are that "
+                    f"database's; delete the sweep there to remove them")
         if experiment:
             base = key[1].rsplit("/", 1)[-1]
             for s, k in storages.items():
@@ -202,6 +324,18 @@ def plan_removal(store: Store, name: str) -> SweepRemoval:
         for s, k in theirs:
             if _inside(k, key) or _inside(key, k):
                 return f"holds or lies in a checkpoint of sweep {s}"
+        why = protected_reason(loc, keep)
+        if why is not None:
+            return why
+        stamp = _nearest_stamp(loc)
+        if stamp is not None:
+            where, got = stamp
+            if got.get("database") != here or got.get("sweep") != name:
+                return (f"{where}/{OWNER_STAMP} says it belongs to sweep "
+                        f"{got.get('sweep')!r} of database {got.get('database')}")
+        elif not experiment and not STATE_NAME.fullmatch(key[1].rsplit("/", 1)[-1]):
+            return ("not a directory qkgeom made for this sweep (no ownership stamp, not "
+                    "named like a checkpoint)")
         return None
 
     dirs: list[tuple[str, tuple[str, str]]] = []
@@ -219,8 +353,10 @@ def plan_removal(store: Store, name: str) -> SweepRemoval:
         why = owner(loc, key, False)
         if why is None:
             candidates.append((loc, key))
-        else:
+        elif _exists_at(loc):
             plan.kept.append((loc, why))
+        else:
+            plan.gone += 1
     for loc, _ in candidates:
         size = _size(*open_location(loc))
         if size is None:
@@ -230,26 +366,79 @@ def plan_removal(store: Store, name: str) -> SweepRemoval:
     return plan
 
 
-def remove_sweep(store: Store, plan: SweepRemoval) -> dict[str, int]:
-    """Delete the files of ``plan`` (:func:`plan_removal`), then the sweep's rows.
+def _origin(store: Store, sweep_id: int) -> str | None:
+    from sqlalchemy import select
+
+    from qkgeom.store.models import Sweep
+
+    s = Sweep.__table__
+    with store._read() as conn:
+        return conn.execute(select(s.c.origin).where(s.c.id == sweep_id)).scalar()
+
+
+def _exists_at(loc: str) -> bool:
+    try:
+        path = _local(loc)
+        if path is not None:
+            return os.path.lexists(path)
+        return _size(*open_location(loc)) is not None
+    except (OSError, QkgeomError):
+        return False
+
+
+def _delete(loc: str) -> None:
+    """Remove one location: a symlink as a link (never its target), a local directory
+    with :func:`shutil.rmtree` (which unlinks the links inside it without following
+    them), a remote one through its pyarrow filesystem."""
+    import shutil
+
+    path = _local(loc)
+    if path is not None:
+        if os.path.islink(path) or os.path.isfile(path):
+            os.unlink(path)
+        elif os.path.isdir(path):
+            shutil.rmtree(path)
+        return
+    import pyarrow.fs as pafs
+
+    fs, p = open_location(loc)
+    kind = fs.get_file_info(p).type
+    if kind == pafs.FileType.Directory:
+        fs.delete_dir(p)
+    elif kind != pafs.FileType.NotFound:
+        fs.delete_file(p)
+
+
+def remove_sweep(url: str, plan: SweepRemoval, *, stopped: bool = False) -> dict[str, int]:
+    """Delete the files of ``plan`` (:func:`plan_removal`), then the sweep's rows, all
+    inside one write transaction of the database at ``url`` that first checks again that
+    nothing runs the sweep and that its rows are still those the plan listed (a sweep
+    started or resumed while the prompt waited is refused).
 
     Files first: if one cannot be deleted the rows stay, so the same command can run
     again once the cause is fixed (paths already gone are skipped). Returns the rows
     deleted per table.
     """
-    import pyarrow.fs as pafs
+    from qkgeom.store import open_store
+    from qkgeom.store.lease import sweep_liveness
 
     plan.check_stopped()
-    for loc, _ in plan.paths:
-        fs, path = open_location(loc)
-        try:
-            kind = fs.get_file_info(path).type
-            if kind == pafs.FileType.Directory:
-                fs.delete_dir(path)
-            elif kind != pafs.FileType.NotFound:
-                fs.delete_file(path)
-        except OSError as e:
-            raise QkgeomError(f"cannot delete {loc}: {str(e).strip().splitlines()[0]}; the "
-                              f"sweep's rows are kept: fix that and run qkgeom sweep delete "
-                              f"--name {plan.name} again") from None
-    return store.delete_sweep(plan.name)
+    with open_store(url, create=False) as store, store._write() as conn:
+        store.lock_sweep(conn, plan.name)
+        live = [w for w in sweep_liveness(store, plan.name, conn=conn)
+                if not (stopped and "holds the lease" not in w)]
+        plan.check_stopped(live)
+        now = store.sweep_row_counts(plan.name, conn=conn)
+        if now != plan.rows:
+            raise QkgeomError(f"sweep {plan.name} changed since it was listed (rows then "
+                              f"{plan.rows}, now {now}); nothing was deleted: run qkgeom "
+                              f"sweep delete --name {plan.name} again")
+        for loc, _ in plan.paths:
+            try:
+                _delete(loc)
+            except OSError as e:
+                raise QkgeomError(
+                    f"cannot delete {loc}: {str(e).strip().splitlines()[0]}; the sweep's "
+                    f"rows are kept: fix that and run qkgeom sweep delete --name {plan.name} "
+                    "again") from None
+        return store.delete_sweep(plan.name, conn=conn)

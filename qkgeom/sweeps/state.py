@@ -32,6 +32,8 @@ class DriverState:
     db_url: str | None = None
     # the Tune storage root; checkpoint locations are recorded relative to it
     storage: str | None = None
+    # database_info.identity of that database: stamped in the experiment directories
+    db_identity: str | None = None
     # the driver's printer (silent with ``quiet``)
     say: Callable[..., None] = print
     # seconds between heartbeats of the running trials (qkgeom.store.lifecycle)
