@@ -6,12 +6,21 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
+import time
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from qkgeom.errors import QkgeomError
-from qkgeom.store.engine import DatabaseError, describe_db_error, safe_url
+from qkgeom.store.engine import (
+    DatabaseError,
+    busy_timeout_s,
+    describe_db_error,
+    is_locked_error,
+    lock_wait_s,
+    safe_url,
+)
 from qkgeom.store.models import CHECKPOINT_KINDS, STATUSES
 
 if TYPE_CHECKING:
@@ -54,6 +63,12 @@ def is_readonly_error(msg: str) -> bool:
     low = msg.lower()
     return ("readonly database" in low or "read-only transaction" in low
             or "read only" in low and "transaction" in low)
+
+
+def lock_note(line: str) -> None:
+    """A writer waits out a locked database: say so on stderr (the sweep driver's and
+    ``qkgeom train``'s terminal or log)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 class StoreBase:
@@ -100,15 +115,58 @@ class StoreBase:
                     f"refused: {self.safe_url} is open read-only and the statement would "
                     f"modify it ({msg}); run it with --write to allow changes"
                 ) from None
+            if is_locked_error(e):
+                raise DatabaseError(
+                    f"database {self.safe_url} stayed locked by another writer longer than "
+                    f"qkgeom waits ({lock_wait_s():g} s, $QKGEOM_LOCK_WAIT_S): {msg}; this "
+                    "write was not stored. End what holds the lock (a qkgeom db merge, an "
+                    "open transaction in psql or sqlite3), then run the command again"
+                ) from None
             raise DatabaseError(f"database error on {self.safe_url}: {msg}") from None
 
     @contextlib.contextmanager
     def _write(self) -> Iterator[Any]:
-        """One write transaction (SQLite: BEGIN IMMEDIATE), committed on success."""
-        with self._errors(), self.engine.connect() as conn:
-            conn.execution_options(qkgeom_write=True)
-            with conn.begin():
+        """One write transaction (SQLite: BEGIN IMMEDIATE), committed on success.
+
+        A SQLite database that another writer keeps locked past the busy timeout (a
+        ``qkgeom db merge`` holds the write lock for its whole copy) is waited out: the
+        ``BEGIN IMMEDIATE`` is tried again, with a line on stderr each busy timeout, for
+        up to :func:`~qkgeom.store.engine.lock_wait_s` seconds; only then does the write
+        fail. With BEGIN IMMEDIATE in WAL mode a writer meets another's lock only there.
+        PostgreSQL waits for locks inside each statement (its ``lock_timeout`` is the same
+        bound, :func:`~qkgeom.store.engine.make_engine`)."""
+        with self._errors():
+            conn, tx = self._begin_write()
+            with conn, tx:
                 yield conn
+
+    def _begin_write(self) -> tuple[Any, Any]:
+        """A connection with its write transaction begun, once the lock is free."""
+        from sqlalchemy.exc import OperationalError
+
+        t0 = time.monotonic()
+        bound = None
+        while True:
+            conn = self.engine.connect()
+            try:
+                conn.execution_options(qkgeom_write=True)
+                return conn, conn.begin()
+            except OperationalError as e:
+                conn.close()
+                if not is_locked_error(e):
+                    raise
+                bound = lock_wait_s() if bound is None else bound
+                waited = time.monotonic() - t0
+                if waited >= bound:
+                    raise
+                lock_note(f"{self.safe_url}: database locked by another writer for "
+                          f"{waited:.0f} s; waiting (up to {bound:.0f} s, "
+                          "$QKGEOM_LOCK_WAIT_S; a qkgeom db merge holds the lock while it "
+                          "copies)")
+                time.sleep(min(0.1, busy_timeout_s()))
+            except BaseException:
+                conn.close()
+                raise
 
     @contextlib.contextmanager
     def _read(self) -> Iterator[Any]:

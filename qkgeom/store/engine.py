@@ -3,8 +3,16 @@
 * :func:`resolve_url` picks the URL (``--db``, else ``$QKGEOM_DB``, else
   :data:`DEFAULT_URL`) and validates it; a bare path means a SQLite file.
 * :func:`safe_url` masks the password; every message and log line uses it.
-* :func:`make_engine` opens SQLite with WAL, a 30 s busy timeout and foreign keys on, and
-  PostgreSQL through psycopg 3 with a connect timeout, so a dead server errors in seconds.
+* :func:`make_engine` opens SQLite with WAL, a 30 s busy timeout (``$QKGEOM_BUSY_TIMEOUT_S``)
+  and foreign keys on, and PostgreSQL through psycopg 3 with a connect timeout, so a dead
+  server errors in seconds, and (writing engines) a ``lock_timeout`` of
+  :func:`lock_wait_s`. A read-only SQLite engine changes no byte of the file
+  (:func:`connect_sqlite_readonly`).
+* Writers wait out a database that another writer keeps locked (a ``qkgeom db merge``
+  holds SQLite's write lock for its whole copy): :meth:`qkgeom.store.base.StoreBase._write`
+  retries SQLite's ``BEGIN IMMEDIATE`` with a line on stderr every busy timeout, up to
+  :func:`lock_wait_s` (``$QKGEOM_LOCK_WAIT_S``, default an hour); PostgreSQL waits for
+  row and table locks itself, up to the same bound.
 
 SQLite transactions: pysqlite's own implicit BEGIN is switched off and we emit ``BEGIN``
 ourselves, ``BEGIN IMMEDIATE`` on write connections (execution option
@@ -16,6 +24,7 @@ queue on the busy timeout instead.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from pathlib import Path
@@ -25,7 +34,8 @@ from qkgeom.errors import QkgeomError
 
 DEFAULT_URL = "sqlite:///qkgeom.db"  # a file in the current directory
 EXAMPLE_URLS = "sqlite:///runs/qkgeom.db, or postgresql+psycopg://user:password@host:5432/qkgeom"
-BUSY_TIMEOUT_S = 30
+BUSY_TIMEOUT_S = 30  # default of $QKGEOM_BUSY_TIMEOUT_S: SQLite's wait for a lock, per try
+LOCK_WAIT_S = 3600  # default of $QKGEOM_LOCK_WAIT_S: how long a writer waits out a lock
 PG_CONNECT_TIMEOUT_S = 5
 
 
@@ -35,6 +45,45 @@ class DatabaseError(QkgeomError):
 
 class UrlError(DatabaseError):
     """A database URL that cannot be used."""
+
+
+def _seconds(var: str, default: float) -> float:
+    raw = os.environ.get(var, "").strip()
+    if not raw:
+        return float(default)
+    try:
+        v = float(raw)
+    except ValueError:
+        v = math.nan
+    if not (v > 0 and math.isfinite(v)):
+        raise DatabaseError(f"${var}={raw!r}: give a number of seconds > 0 (default "
+                            f"{default:g}), or unset it")
+    return v
+
+
+def busy_timeout_s() -> float:
+    """Seconds SQLite waits for another connection's lock before it answers "database is
+    locked" (``$QKGEOM_BUSY_TIMEOUT_S``, default :data:`BUSY_TIMEOUT_S`)."""
+    return _seconds("QKGEOM_BUSY_TIMEOUT_S", BUSY_TIMEOUT_S)
+
+
+def lock_wait_s() -> float:
+    """Seconds a writer waits out a database that another writer keeps locked before it
+    gives up (``$QKGEOM_LOCK_WAIT_S``, default :data:`LOCK_WAIT_S`)."""
+    return _seconds("QKGEOM_LOCK_WAIT_S", LOCK_WAIT_S)
+
+
+def is_locked_error(e: BaseException) -> bool:
+    """Whether a DBAPI/SQLAlchemy error means another writer holds a lock this one needs:
+    SQLite ``database is locked`` (SQLITE_BUSY), PostgreSQL ``lock_not_available``
+    (55P03, a ``lock_timeout``)."""
+    import sqlite3
+
+    orig = getattr(e, "orig", None) or e
+    if isinstance(orig, sqlite3.OperationalError):
+        return (getattr(orig, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY
+                or "database is locked" in str(orig))
+    return getattr(orig, "sqlstate", None) == "55P03"
 
 
 def safe_url(url: str) -> str:
@@ -148,8 +197,9 @@ def _sqlite_refusal(p: Path) -> str | None:
     import sqlite3
 
     try:
-        con = sqlite3.connect(p.absolute().as_uri() + "?mode=ro", uri=True,
-                              timeout=BUSY_TIMEOUT_S)
+        # immutable: only the header page is read, and no -wal or -shm file is created
+        # (a mode=ro connection to a WAL database would create both and leave them)
+        con = sqlite3.connect(p.absolute().as_uri() + "?mode=ro&immutable=1", uri=True)
         try:
             con.execute("PRAGMA schema_version").fetchone()  # reads the header page
         finally:
@@ -168,7 +218,7 @@ def _wal(cur: Any) -> None:
     import sqlite3
     import time
 
-    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    deadline = time.monotonic() + busy_timeout_s()
     while True:
         try:
             cur.execute("PRAGMA journal_mode=WAL")
@@ -179,24 +229,66 @@ def _wal(cur: Any) -> None:
             time.sleep(0.05)
 
 
+def connect_sqlite_readonly(path: str, timeout: float | None = None) -> Any:
+    """A sqlite3 connection that reads the file ``path`` and changes none of its bytes.
+
+    With a ``-wal`` file present (a writer has the database open, or one died), the file
+    is opened ``mode=ro``: a read-write connection that closes last would checkpoint that
+    WAL into the file and delete it. Without one, a read-write connection (which
+    ``PRAGMA query_only`` keeps from writing): on a WAL database it creates the ``-wal``
+    and ``-shm`` files and, closing last, deletes them again, where ``mode=ro`` would
+    leave both behind. A rollback-journal database stays one (no ``journal_mode``
+    switch). The caller sets ``query_only``."""
+    import sqlite3
+
+    t = busy_timeout_s() if timeout is None else timeout
+    p = Path(path)
+    if Path(f"{p}-wal").exists():
+        return sqlite3.connect(p.absolute().as_uri() + "?mode=ro", uri=True, timeout=t,
+                               check_same_thread=False)
+    return sqlite3.connect(str(p), timeout=t, check_same_thread=False)
+
+
+def connect_sqlite_mode_ro(path: str, timeout: float) -> Any:
+    """A sqlite3 connection to the file ``path`` through a read-only file handle
+    (``mode=ro``): no statement can change the file, whatever ``PRAGMA query_only`` says.
+    On a WAL database SQLite creates the ``-wal`` and ``-shm`` files if they are missing
+    (the directory must be writable) and leaves them for the next connection."""
+    import sqlite3
+
+    return sqlite3.connect(Path(path).absolute().as_uri() + "?mode=ro", uri=True,
+                           timeout=timeout, check_same_thread=False)
+
+
 def make_engine(url: str, *, create: bool = True, readonly: bool = False,
-                foreign_keys: bool = True) -> Any:
+                foreign_keys: bool = True, file_readonly: bool = False) -> Any:
     """A SQLAlchemy engine for a URL from :func:`resolve_url` (connects lazily).
 
     ``readonly``: every connection refuses writes at the database level (SQLite
-    ``PRAGMA query_only``; PostgreSQL ``default_transaction_read_only``).
+    ``PRAGMA query_only``, and the file changes no byte: :func:`connect_sqlite_readonly`;
+    PostgreSQL ``default_transaction_read_only``). Writing PostgreSQL engines wait for
+    locks up to :func:`lock_wait_s` (``lock_timeout``, whatever the server's default).
     ``foreign_keys=False`` is for migrations: SQLite's batch mode rebuilds tables, and
     dropping a parent table with foreign keys on would cascade-delete its children.
+    ``file_readonly`` (implies ``readonly``; the live page): every SQLite connection opens
+    the file ``mode=ro`` (:func:`connect_sqlite_mode_ro`).
     """
     from sqlalchemy import create_engine, event
     from sqlalchemy.pool import StaticPool
 
+    readonly = readonly or file_readonly
     if backend_of(url) == "sqlite":
         check_sqlite_file(url, create=create)
-        memory = sqlite_path(url) is None
-        kw: dict[str, Any] = {"connect_args": {"timeout": BUSY_TIMEOUT_S}}
+        path = sqlite_path(url)
+        memory = path is None
+        busy = busy_timeout_s()
+        kw: dict[str, Any] = {"connect_args": {"timeout": busy}}
         if memory:
             kw.update(poolclass=StaticPool, connect_args={"check_same_thread": False})
+        elif file_readonly:
+            kw["creator"] = lambda: connect_sqlite_mode_ro(path, busy)  # type: ignore[arg-type]
+        elif readonly:
+            kw["creator"] = lambda: connect_sqlite_readonly(path, busy)  # type: ignore[arg-type]
         engine = create_engine(url, **kw)
 
         @event.listens_for(engine, "connect")
@@ -205,7 +297,7 @@ def make_engine(url: str, *, create: bool = True, readonly: bool = False,
             cur = dbapi_conn.cursor()
             try:
                 # PRAGMAs take no bind parameters; both values are our own constants
-                cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_S * 1000}")
+                cur.execute(f"PRAGMA busy_timeout={int(busy * 1000)}")
                 if not memory and not readonly:
                     _wal(cur)
                 cur.execute(f"PRAGMA foreign_keys={'ON' if foreign_keys else 'OFF'}")
@@ -228,10 +320,14 @@ def make_engine(url: str, *, create: bool = True, readonly: bool = False,
     connect_args: dict[str, Any] = {"application_name": "qkgeom"}
     if "connect_timeout" not in u.query:
         connect_args["connect_timeout"] = PG_CONNECT_TIMEOUT_S
-    if readonly:  # appended to any options= the URL already carries (e.g. search_path)
-        opts = u.query.get("options", "")
-        opts = " ".join(opts) if isinstance(opts, tuple) else opts
+    # appended to any options= the URL already carries (e.g. search_path): ours win
+    opts = u.query.get("options", "")
+    opts = " ".join(opts) if isinstance(opts, tuple) else opts
+    if readonly:
         connect_args["options"] = (opts + " -c default_transaction_read_only=on").strip()
+    else:  # wait out a lock (a DBA's lock_timeout too) up to the bound, never fail at once
+        wait_ms = int(lock_wait_s() * 1000)
+        connect_args["options"] = (opts + f" -c lock_timeout={wait_ms}").strip()
     engine = create_engine(url, connect_args=connect_args, pool_pre_ping=True)
     if readonly:
         from sqlalchemy import event
