@@ -167,20 +167,27 @@ def export(db: str | None, out: str, views: bool) -> None:
 
 @db.command("merge")
 @click.option("--from", "source", required=True, metavar="URL",
-              help="The database to copy sweeps from (opened read-only; never changed).")
+              help="The database to copy sweeps from (read only; never changed, also when "
+              "its schema is older: then it is read through an upgraded temporary copy).")
 @db_option
 @click.option("--sweep", "sweeps", multiple=True, metavar="NAME",
               help="A sweep to copy (repeatable; default: every sweep of --from).")
 @click.option("--rename", "renames", multiple=True, metavar="OLD=NEW",
               help="Store source sweep OLD as NEW in the target (repeatable), e.g. when "
               "the target already has a sweep of that name.")
+@click.option("--beside-running", is_flag=True,
+              help="Merge into a SQLite --db even while a sweep runs there (refused "
+              "otherwise): the merge holds the file's write lock for its whole copy, and "
+              "the sweep's writes wait for it.")
 def db_merge(source: str, db: str | None, sweeps: tuple[str, ...],
-             renames: tuple[str, ...]) -> None:
+             renames: tuple[str, ...], beside_running: bool) -> None:
     """Copy sweeps, with every row of their trials, from --from into --db.
 
     Rows are copied as stored (new ids in the target, nothing recomputed), in one
-    transaction; a name already in the target, a trial still running in the source, or
-    the same database twice are refused before anything is written.
+    transaction; a name already in the target, a trial still running in the source, the
+    same database twice (also through a link), or a SQLite target where a sweep is
+    running are refused before anything is written. A source at an older schema
+    revision is read through an upgraded temporary copy (SQLite; the file is not changed).
 
     \b
     Examples:
@@ -191,7 +198,8 @@ def db_merge(source: str, db: str | None, sweeps: tuple[str, ...],
         from qkgeom.store import resolve_url, safe_url
         from qkgeom.store.merge import merge_sweeps, parse_renames
 
-        merged = merge_sweeps(source, resolve_url(db), list(sweeps), parse_renames(renames))
+        merged = merge_sweeps(source, resolve_url(db), list(sweeps), parse_renames(renames),
+                              beside_running=beside_running, say=click.echo)
         for m in merged:
             rows = ", ".join(f"{n:,} {k}" for k, n in m.rows.items() if k != "trials")
             name = m.name if m.name == m.source_name else f"{m.source_name} -> {m.name}"

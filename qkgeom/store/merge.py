@@ -11,9 +11,22 @@ PostgreSQL, opened read-only) into a target one:
   the way (``--rename OLD=NEW``);
 * every sweep is checked before anything is written: a name already in the target, a
   trial still ``running`` in the source (its rows are still arriving), or source and target
-  being the same database are refused with what to do;
+  being the same database (SQLite: the same file, also through a hard or symbolic link)
+  are refused with what to do;
+* a SQLite target that holds a live sweep (:func:`qkgeom.store.liveness.live_sweeps`) is
+  refused, checked before and again inside the write transaction: the merge holds
+  SQLite's only write lock for its whole copy, and the sweep's driver would have to wait
+  it out (it does, :meth:`qkgeom.store.base.StoreBase._write`; ``beside_running`` merges
+  anyway). A PostgreSQL merge takes no lock that a sweep's writes need (it inserts the
+  rows of new sweeps only) and runs beside live sweeps;
 * everything is written in one target transaction, and the copied row counts are compared
   with the source's inside it, so a merge lands whole or not at all.
+
+The source is never changed: SQLite files are read without a byte of them changing
+(:func:`qkgeom.store.engine.connect_sqlite_readonly`), and a source at an older schema
+revision is read through a temporary copy (SQLite's backup API: consistent even while
+the source is written) upgraded to this qkgeom's schema. A PostgreSQL source at an older
+revision is refused with the ways to copy it first.
 
 Checkpoint locations are paths on the machine that ran the sweep: a merged sweep is read
 (report, stats, query, serve) where it lands, and resumed where it ran.
@@ -22,15 +35,17 @@ Checkpoint locations are paths on the machine that ran the sweep: a merged sweep
 from __future__ import annotations
 
 import contextlib
+import os
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from qkgeom.errors import QkgeomError
-from qkgeom.store.engine import backend_of, resolve_url, sqlite_path
+from qkgeom.names import check_sweep_name
+from qkgeom.store.engine import backend_of, resolve_url, safe_url, sqlite_path
 from qkgeom.store.models import TRIAL_TABLES, Sweep, Trial
 from qkgeom.store.store import Store, open_store
 
@@ -62,16 +77,22 @@ def parse_renames(pairs: tuple[str, ...] | list[str]) -> dict[str, str]:
                              "name in the target)")
         if old in out:
             raise MergeError(f"--rename {old}: given twice")
-        out[old] = new
+        out[old] = check_sweep_name(new, what="--rename NEW")
     return out
 
 
 def same_database(a: str, b: str) -> bool:
-    """Whether two URLs name the same database (SQLite: the same file)."""
+    """Whether two URLs name the same database (SQLite: the same file, whatever the path:
+    symbolic links followed, hard links by device and inode)."""
     if backend_of(a) != backend_of(b):
         return False
     pa, pb = sqlite_path(a), sqlite_path(b)
     if pa is not None and pb is not None:
+        try:
+            sa, sb = os.stat(pa), os.stat(pb)
+            return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+        except OSError:  # one does not exist (yet): the same path or none
+            pass
         try:
             return Path(pa).resolve() == Path(pb).resolve()
         except OSError:
@@ -85,25 +106,97 @@ def same_database(a: str, b: str) -> bool:
 
 def merge_sweeps(source: str, target: str, sweeps: list[str] | None = None,
                  rename: dict[str, str] | None = None, *,
-                 running_ok: bool = False) -> list[MergedSweep]:
+                 running_ok: bool = False, beside_running: bool = False,
+                 say: Callable[[str], None] | None = None) -> list[MergedSweep]:
     """Copy ``sweeps`` (all of the source's when None) from database ``source`` into
     database ``target`` (created when new), renaming per ``rename``. Returns what was
     copied; raises :class:`MergeError` (nothing written) when the merge is refused.
     ``running_ok`` copies sweeps with running trials as they are now (for a scratch copy
-    that is read once, like :func:`gathered`'s)."""
+    that is read once, like :func:`gathered`'s). ``beside_running`` merges into a SQLite
+    target even while it holds a live sweep (whose writes then wait for the merge).
+    ``say`` gets a line when the source is read through an upgraded copy."""
     source, target = resolve_url(source), resolve_url(target)
     if same_database(source, target):
         raise MergeError("source and target are the same database; give the database to "
                          "copy from with --from and the one to copy into with --db")
     rename = dict(rename or {})
-    with open_store(source, create=False, readonly=True) as src, open_store(target) as dst:
+    with _readable(source, say) as readable, \
+            open_store(readable, create=False, readonly=True) as src, \
+            open_store(target) as dst:
+        src.safe_url = safe_url(source)  # messages name the source, not a scratch copy
         names = _chosen(src, sweeps, rename)
         plan = [(n, rename.get(n, n)) for n in names]
         _check(src, dst, plan, running_ok)
+        guard = dst.dialect == "sqlite" and not beside_running
+        if guard:
+            _refuse_live(dst)
         counts = {n: src.sweep_row_counts(n) for n, _ in plan}
         with dst._write() as conn:  # one transaction over every sweep
+            if guard:  # again, under the write lock: no trial can start meanwhile
+                _refuse_live(dst, conn)
             out = [_copy(src, conn, n, new, counts[n]) for n, new in plan]
     return out
+
+
+def _refuse_live(dst: Store, conn: Any = None) -> None:
+    from qkgeom.store.liveness import live_details
+
+    live = live_details(dst, conn)
+    if not live:
+        return
+    first = live[0].name
+    raise MergeError(
+        f"{dst.safe_url} holds a live sweep: {'; '.join(d.describe() for d in live)}. A "
+        "merge holds this SQLite file's write lock for its whole copy, and the sweep's "
+        f"writes would wait for it; nothing was copied. Wait until it ends (qkgeom status "
+        f"--name {first} --db {dst.safe_url}) or stop its driver (Ctrl-C), then merge; or "
+        "give --beside-running to merge now (its driver waits while the merge writes)")
+
+
+@contextlib.contextmanager
+def _readable(source: str, say: Callable[[str], None] | None) -> Iterator[str]:
+    """The URL to read ``source`` through: itself at this qkgeom's schema revision; at an
+    older one (SQLite), a temporary copy upgraded to it, deleted afterwards. Any other
+    state is left to :func:`open_store` to refuse."""
+    from qkgeom.store.schema import current, upgrade
+
+    state = current(source)
+    if state.verdict != "outdated":
+        yield source
+        return
+    shown = safe_url(source)
+    path = sqlite_path(source)
+    if backend_of(source) != "sqlite" or path is None:
+        raise MergeError(
+            f"{shown} has schema revision {state.revision}, older than this qkgeom's "
+            f"{state.head}. qkgeom db merge reads an older SQLite source through an "
+            "upgraded temporary copy, but does not copy a PostgreSQL database: copy it "
+            "into a scratch database first (pg_dump URL | psql SCRATCH_URL; qkgeom db "
+            "upgrade --db SCRATCH_URL; then merge --from SCRATCH_URL), or upgrade it in "
+            f"place (qkgeom db upgrade --db {shown}: every qkgeom that writes it must then "
+            "be this one or newer)")
+    import sqlite3
+
+    from qkgeom.store.engine import connect_sqlite_readonly
+
+    with tempfile.TemporaryDirectory(prefix="qkgeom-merge-") as tmp:
+        copy = Path(tmp) / "source.db"
+        src = connect_sqlite_readonly(path)
+        try:
+            src.execute("PRAGMA query_only=ON")
+            dst = sqlite3.connect(copy)
+            try:
+                src.backup(dst)  # one read transaction: a consistent snapshot
+            finally:
+                dst.close()
+        finally:
+            src.close()
+        url = f"sqlite:///{copy}"
+        upgrade(url)
+        if say is not None:
+            say(f"{shown} is at schema revision {state.revision}: read through a "
+                f"temporary copy upgraded to {state.head} (the source is not changed)")
+        yield url
 
 
 def _chosen(src: Store, sweeps: list[str] | None, rename: dict[str, str]) -> list[str]:
