@@ -236,3 +236,67 @@ def test_the_written_rows_equal_an_unlocked_run(tmp_path):
             open_store(f"sqlite:///{b}", create=False) as sb:
         assert sa.sql(q).rows() == sb.sql(q).rows()
         assert len(sa.sql(q)) == 3 * len(make_record(0, n_layer=2, n_head=2).metrics)
+
+
+LIVE_WRITER = f"""
+import sys, threading, time
+sys.path.insert(0, {str(TESTS)!r})
+from helpers import make_record
+from qkgeom.store import open_store
+from qkgeom.store.recorder import TrialRecorder
+
+stop = threading.Event()
+threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+with open_store(sys.argv[1], create=False) as store:
+    sid = store.require_sweep("s")
+    tid = store.trial_id(sid, "k")
+    rec = TrialRecorder(store, sid)
+    rec.started(tid, {{"host": "h"}})
+    print("started", flush=True)
+    step = 0
+    while not stop.is_set():
+        rec.reported(tid, make_record(step, n_layer=2, n_head=2, history=2))
+        step += 1
+        time.sleep(0.02)
+    rec.finished(tid)
+print(step, flush=True)
+"""
+
+
+def test_a_real_merge_beside_a_writing_sweep_only_delays_its_writes(tmp_path):
+    """The row of issue 40: ``qkgeom db merge --beside-running`` of ~80,000 metric rows
+    into the SQLite file a live trial is writing, the merge holding the write lock past
+    the writer's (shortened) busy timeout. The writer waits, says so, and never fails;
+    every probe it wrote and every merged row are stored."""
+    src, dst = f"sqlite:///{tmp_path / 'src.db'}", f"sqlite:///{tmp_path / 'dst.db'}"
+    with open_store(src) as store:
+        sid = store.ensure_sweep("big", {"name": "big"}, "v")
+        for k in range(2):
+            tid = store.ensure_trial(sid, f"k{k}", {}, depth=8, init="gaussian", arm="none",
+                                     seed=k)
+            store.write_probes(tid, [make_record(s, n_layer=8, n_head=8) for s in range(60)])
+            store.set_trial_status(tid, "terminated")
+        expected = store.sweep_row_counts("big")
+    seed(dst)
+    env = {"QKGEOM_BUSY_TIMEOUT_S": "0.2"}
+    w = subprocess.Popen([sys.executable, "-c", LIVE_WRITER, dst], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, **env})
+    try:
+        assert w.stdout.readline().strip() == "started"
+        m = subprocess.run([sys.executable, "-c", "from qkgeom.cli import main; main()",
+                            "db", "merge", "--from", src, "--db", dst, "--beside-running"],
+                           capture_output=True, text=True, env={**os.environ, **env},
+                           timeout=300)
+        assert m.returncode == 0, m.stdout + m.stderr
+        assert w.poll() is None  # still writing: not failed
+    finally:
+        out, err = w.communicate(input="stop", timeout=120)
+    assert w.returncode == 0, err
+    assert WAITING in err  # the merge held the lock past the busy timeout: it waited
+    probes = int(out.strip().splitlines()[-1])
+    with open_store(dst, create=False, readonly=True) as store:
+        assert store.sweep_row_counts("big") == expected
+        assert int(store.sql("SELECT COUNT(*) FROM probes p JOIN trials t ON t.id = "
+                             "p.trial_id WHERE t.trial_key = 'k'").item()) == probes
+        assert store.trials("s")["status"].to_list() == ["terminated"]
