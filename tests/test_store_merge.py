@@ -443,3 +443,18 @@ def test_reading_a_source_changes_none_of_its_bytes(kind, tmp_path):
     after = files(path)
     assert after[""] == before[""] and after["-wal"] == before["-wal"]
     assert (after["-shm"] is None) == (before["-shm"] is None)
+
+
+def test_a_report_across_databases_copies_running_sweeps_into_its_scratch_file(tmp_path):
+    """``qkgeom report --compare SWEEP@DB`` copies sweeps as they are now, running trials
+    too, into a scratch file of its own: a running sweep copied first does not make the
+    next copy into that scratch file a merge beside a live sweep."""
+    from qkgeom.store.merge import gathered
+
+    base, other = (f"sqlite:///{tmp_path / n}" for n in ("base.db", "other.db"))
+    fill(base, "a", running=True)  # one trial still running, heartbeat fresh
+    fill(other, "b")
+    with gathered(base, [("a", None), ("b", other)]) as (store, names):
+        assert names == ["a", "b"]
+        assert rows(store.url, "a") == rows(base, "a")
+        assert rows(store.url, "b") == rows(other, "b")

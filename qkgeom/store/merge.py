@@ -314,8 +314,10 @@ def gathered(base: str, refs: Sequence[tuple[str, str | None]]) -> Iterator[tupl
             new = name if name not in names else f"{name}@{Path(sqlite_path(db) or db).stem}"
             if new in names:
                 raise MergeError(f"sweep {name!r} of {db} is named twice in the comparison")
+            # the scratch file is ours: sweeps copied into it with running trials are not
+            # live there, and nothing else writes it
             merge_sweeps(db, url, [name], {name: new} if new != name else None,
-                         running_ok=True)
+                         running_ok=True, beside_running=True)
             names.append(new)
         with open_store(url) as store:
             yield store, names
