@@ -38,10 +38,18 @@ class TrialLifecycle:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def started(self, trial_id: int, provenance: dict | None = None) -> int:
+    def started(self, trial_id: int, provenance: dict | None = None, *,
+                restart: bool = False, restored_step: int | None = None) -> int:
         """An attempt starts: ``running``, one more attempt, and its row in
         ``trial_attempts`` with what is known of it yet (``provenance``: fields of
-        :func:`qkgeom.sweeps.provenance.provenance`). Returns the attempt's number."""
+        :func:`qkgeom.sweeps.provenance.provenance`). Returns the attempt's number.
+
+        ``restart``: the attempt continues from the checkpoint at ``restored_step`` (from
+        scratch when None), and the rows earlier attempts wrote after it are deleted in the
+        same transaction (:meth:`qkgeom.store.Store.start_attempt`)."""
+        if restart:
+            return self.store.start_attempt(trial_id, provenance,
+                                            restored_step=restored_step)[0]
         self.store.set_trial_status(trial_id, "running", bump_attempts=True)
         return self.store.record_attempt(trial_id, provenance or {})
 

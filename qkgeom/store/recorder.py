@@ -28,10 +28,14 @@ class TrialRecorder:
         self.lifecycle = TrialLifecycle(store)
 
     # ------------------------------------------------------------------ attempts
-    def started(self, trial_id: int, provenance: dict | None = None) -> int:
+    def started(self, trial_id: int, provenance: dict | None = None, *,
+                restart: bool = False, restored_step: int | None = None) -> int:
         """An attempt starts (``running``, its ``trial_attempts`` row with ``provenance``);
-        returns its number."""
-        return self.lifecycle.started(trial_id, provenance)
+        returns its number. ``restart``: it continues from the checkpoint at
+        ``restored_step`` (None: from scratch), and what earlier attempts stored after that
+        step is deleted with the same write (:meth:`TrialLifecycle.started`)."""
+        return self.lifecycle.started(trial_id, provenance, restart=restart,
+                                      restored_step=restored_step)
 
     def placed(self, trial_id: int, *, host: str | None, device: str | None,
                provenance: dict | None = None) -> None:

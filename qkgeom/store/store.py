@@ -209,6 +209,48 @@ class Store(ResultWrites, Reads):
             conn.execute(stmt)
         return int(attempt)
 
+    def start_attempt(self, trial_id: int, provenance: dict[str, Any] | None = None, *,
+                      restored_step: int | None = None) -> tuple[int, dict[str, int]]:
+        """A new attempt of a trial, in one transaction: ``running`` with one more attempt,
+        its ``trial_attempts`` row (``provenance``, as :meth:`record_attempt`), and every
+        row an earlier attempt wrote at steps after ``restored_step`` deleted (probes,
+        metric values, training steps, checkpoint rows; every one of them when None: the
+        attempt starts from scratch). The new attempt then writes its own, so what is
+        stored is what an uninterrupted run stores, even where the earlier attempt got
+        further than the checkpoint this one restores. Returns ``(attempt, rows deleted
+        per table)``."""
+        from sqlalchemy import func, select
+
+        t, a = Trial.__table__, TrialAttempt.__table__
+        fields = dict(provenance or {})
+        allowed = {c.name for c in a.columns} - {"trial_id", "attempt", "started_at"}
+        unknown = set(fields) - allowed
+        if unknown:
+            raise QkgeomError(f"unknown provenance field(s) {', '.join(sorted(unknown))}")
+        now = now_utc()
+        with self._write() as conn:
+            n = conn.execute(t.update().where(t.c.id == trial_id).values(
+                status="running", started_at=func.coalesce(t.c.started_at, now),
+                heartbeat_at=now, ended_at=None, attempts=t.c.attempts + 1)).rowcount
+            if n == 0:
+                raise QkgeomError(f"no trial with id {trial_id} in {self.safe_url}")
+            attempt = int(conn.execute(select(t.c.attempts).where(t.c.id == trial_id))
+                          .scalar_one())
+            ins = self._insert(a).values(trial_id=trial_id, attempt=attempt, started_at=now,
+                                         **fields)
+            conn.execute(ins.on_conflict_do_update(
+                index_elements=["trial_id", "attempt"],
+                set_={k: ins.excluded[k] for k in fields}) if fields
+                else ins.on_conflict_do_nothing())
+            cleared = {}
+            for model in (ProbeMetric, Probe, TrainStep, Checkpoint):
+                tab = model.__table__
+                q = tab.delete().where(tab.c.trial_id == trial_id)
+                if restored_step is not None:
+                    q = q.where(tab.c.step > int(restored_step))
+                cleared[tab.name] = int(conn.execute(q).rowcount or 0)
+        return attempt, cleared
+
     def heartbeat(self, sweep_id: int, trial_id: int | None = None) -> int:
         """A sign of life: ``heartbeat_at`` = now for the sweep's ``running`` trials (only
         ``trial_id``, when given). Returns how many rows it touched."""

@@ -150,7 +150,13 @@ class DbWriter(Callback):
         from qkgeom.sweeps.provenance import code_provenance
 
         self._seen.discard(trial.trial_id)
-        self.recorder.started(self._tid(trial), code_provenance())
+        # the checkpoint Tune restores this attempt from (None: it starts from scratch):
+        # what an earlier attempt stored after it goes, in the write that starts this one
+        latest = getattr(trial, "latest_checkpoint_result", None)
+        step = (latest.metrics or {}).get("step") if latest is not None else None
+        known = latest is None or step is not None  # else: which step is unknown, keep all
+        self.recorder.started(self._tid(trial), code_provenance(), restart=known,
+                              restored_step=None if step is None else int(step))
 
     @_recording
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,
