@@ -73,8 +73,10 @@ def train(preset_name, data, sets, out, db, sweep_name, checkpoints, resume_dir,
     with user_errors():
         from qkgeom.config import preset
         from qkgeom.engine.train import train as run_trial
+        from qkgeom.names import check_sweep_name
         from qkgeom.records import METRICS
 
+        check_sweep_name(sweep_name, what="--name")  # before anything is read or written
         cfg = preset(preset_name)
         if data:
             cfg = cfg.with_overrides({"dataset": data})

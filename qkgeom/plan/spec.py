@@ -47,6 +47,7 @@ import yaml
 from qkgeom.config import ARMS, INITS, PRESETS, ConfigError, TrialConfig
 from qkgeom.config import check_keys as _config_check_keys
 from qkgeom.errors import QkgeomError
+from qkgeom.names import SweepNameError, check_sweep_name
 from qkgeom.plan.cells import Cell, spec_cells
 
 # Set per trial by the spec itself; a trial-level override of these would be silently lost.
@@ -358,9 +359,10 @@ def build_plan(spec: dict[str, Any], *, name: str | None = None, data: str | Non
         raise SpecError("spec: no trials; give a 'grid' and/or an 'interventions' section")
 
     sweep_name = name or spec.get("name") or base_name
-    if not isinstance(sweep_name, str) or not sweep_name.replace("-", "").replace(
-            "_", "").replace(".", "").isalnum():
-        raise SpecError(f"name: {sweep_name!r} must be letters, digits, '-', '_' or '.'")
+    try:
+        check_sweep_name(sweep_name, what="--name" if name else "name")
+    except SweepNameError as e:
+        raise SpecError(str(e)) from None
     all_trials = list(trials.values()) + arm_trials
     policy = _check_snapshots(spec.get("snapshots", DEFAULT_SNAPSHOTS), all_trials)
     normalised = json.loads(json.dumps(spec))  # plain JSON types for the database
