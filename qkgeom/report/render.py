@@ -313,6 +313,36 @@ def cell_rows(rep: Report) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- rendering
 
 
+_MD_PUNCT = re.compile(r"([\\`*_\[\]|#~])")
+_MD_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+
+
+def md_name(text: str) -> str:
+    """A name (a sweep's, a cell's, a filter) as literal markdown text: HTML's ``& < >``
+    as entities, markdown's punctuation (``\\ ` * _ [ ] | # ~``) backslash-escaped, line
+    breaks as spaces, so no name can open a tag, a link, emphasis or a table cell."""
+    out = "".join(_MD_ENTITIES.get(c, c) for c in str(text))
+    out = _MD_PUNCT.sub(r"\\\1", out)
+    return " ".join(out.splitlines()) if "\n" in out or "\r" in out else out
+
+
+def md_bold_text(text: str) -> str:
+    """A paragraph whose ``**`` pairs bold names (the design text): each piece escaped by
+    :func:`md_name`, the pairs kept."""
+    return "**".join(md_name(part) for part in text.split("**"))
+
+
+_TAG_START = re.compile(r"<(?=[A-Za-z/!?])")  # what would open raw HTML or an autolink
+_LINK = re.compile(r"\]\((?!fig-[A-Za-z0-9._-]+\.png\))")  # an inline link, not a figure
+
+
+def safe_markdown(md: str) -> str:
+    """The last pass over report.md: no raw HTML (every ``<`` that could open a tag is
+    ``&lt;``) and no inline link but the report's own figures, whatever a stored string
+    (a model's name, a message) held. Numbers and words read as before (``p < 0.05``)."""
+    return _LINK.sub(r"]\\(", _TAG_START.sub("&lt;", md))
+
+
 def _md_table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "_(no rows)_"
@@ -348,11 +378,11 @@ def _heading(rep: Report) -> str:
 
 def render_markdown(rep: Report) -> str:
     """report.md: the figures as ``fig-NAME.png`` beside it."""
-    md = [f"# qkgeom study report: {_heading(rep)}", "", rep.design_text, "",
+    md = [f"# qkgeom study report: {md_name(_heading(rep))}", "", md_bold_text(rep.design_text), "",
           _md_table(rep.design), "", "## Scale and optimiser, beside the paper's", "",
           _md_table(rep.scale_rows), "", SCALE_NOTE, ""]
     if not rep.cells:
-        return "\n".join(md + _md_claims(rep, "##", ""))
+        return safe_markdown("\n".join(md + _md_claims(rep, "##", "")))
     md += [f"## Verdicts by cell ({len(rep.cells)} cells)", "", rep.calibration, "",
            _md_table(cell_rows(rep)), "", "## Sensitivity: claim x factor", "",
            SENSITIVITY_NOTE, "", _md_table(rep.sensitivity), ""]
@@ -362,9 +392,10 @@ def render_markdown(rep: Report) -> str:
            GLANCE_NOTE, "", _md_table(glance_rows(rep.glance)), "", "## Seed stability", "",
            SEEDS_NOTE, "", _md_table(seed_rows([cv for cv, _ in rep.cells], rep.glance)), ""]
     for cv, sub in rep.cells:
-        md += [f"## Cell {cv.label}", "", sub.design_text, "", _md_table(sub.design), ""]
+        md += [f"## Cell {md_name(cv.label)}", "", md_bold_text(sub.design_text), "",
+               _md_table(sub.design), ""]
         md += _md_claims(sub, "###", f"{_slug(cv.label)}-")
-    return "\n".join(md)
+    return safe_markdown("\n".join(md))
 
 
 def _md_claims(rep: Report, h: str, fig: str) -> list[str]:
