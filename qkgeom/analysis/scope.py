@@ -7,6 +7,11 @@ verdicts need no copies of the database. A factor is a trial column (``cell``, `
 ``init``, ``arm``, ``seed``) or any key of the trials' stored config (``n_embd``, ``lr``,
 ``n_head`` ...); values are compared as numbers where both sides are numbers
 (``lr=1e-3`` matches a stored 0.001), else as text.
+
+``config.KEY`` always names the config key and ``trial.COLUMN`` the trial column. A plain
+name that is both (a config key ``status`` beside the trial's status) is refused when the
+two differ for some trial, with both spellings to choose from; where they agree (``seed``,
+``init``, ``arm``: the sweep sets both) the plain name is the trial column.
 """
 
 from __future__ import annotations
@@ -77,10 +82,18 @@ def scope_fields(sweep: str | Scope) -> dict[str, Any]:
 
 
 _MISSING = object()
+CONFIG, TRIAL = "config.", "trial."
 
 
 def factor_value(row: dict[str, Any], name: str) -> Any:
-    """A trial's value of factor ``name`` (a trial column or a config key)."""
+    """A trial's value of factor ``name``: a trial column or a config key, ``config.KEY``
+    (always the config key) or ``trial.COLUMN`` (always the trial column)."""
+    if name.startswith(CONFIG):
+        return row["config"].get(name[len(CONFIG):], _MISSING)
+    if name.startswith(TRIAL):
+        name = name[len(TRIAL):]
+        if name not in (*COLUMNS, "n_layer"):
+            return _MISSING
     if name == "n_layer":
         return row["depth"]
     if name in COLUMNS:
@@ -138,9 +151,23 @@ def _show(v: Any) -> str:
 def check_scope(scope: Scope, rows: Sequence[dict[str, Any]]) -> None:
     """Refuse, in one line, a filter naming a factor the sweep's trials do not have, a
     value no trial takes, a seed no trial has, or one that leaves no trial."""
-    names = sorted(set(COLUMNS) | {"n_layer"} | {k for r in rows for k in r["config"]})
+    keys = {k for r in rows for k in r["config"]}
+    names = sorted(set(COLUMNS) | {"n_layer"} | keys)
     for key, vals in scope.where:
-        if key not in names:
+        if key.startswith(CONFIG) and key[len(CONFIG):] not in keys:
+            k = key[len(CONFIG):]
+            near = difflib.get_close_matches(k, sorted(keys), n=1)
+            hint = f" (did you mean {CONFIG}{near[0]}?)" if near else ""
+            raise AnalysisError(f"--where {key}=...: the trials of sweep {scope.name!r} have "
+                                f"no config key {k!r}{hint}; config keys: "
+                                f"{', '.join(sorted(keys)) or '(none)'}")
+        if key.startswith(TRIAL) and key[len(TRIAL):] not in (*COLUMNS, "n_layer"):
+            raise AnalysisError(f"--where {key}=...: no trial column "
+                                f"{key[len(TRIAL):]!r}; trial columns: "
+                                f"{', '.join((*COLUMNS, 'n_layer'))}")
+        if key in COLUMNS and key in keys:
+            _refuse_ambiguous(scope, key, vals, rows)
+        if key not in names and not key.startswith((CONFIG, TRIAL)):
             near = difflib.get_close_matches(key, names, n=1)
             hint = f" (did you mean {near[0]!r}?)" if near else ""
             raise AnalysisError(f"--where {key}=...: sweep {scope.name!r} has no factor "
@@ -161,6 +188,24 @@ def check_scope(scope: Scope, rows: Sequence[dict[str, Any]]) -> None:
     if not any(scope.keep(r) for r in rows):
         raise AnalysisError(f"no trial of sweep {scope.name!r} matches {scope.describe()}; "
                             "each condition alone matches some, together none")
+
+
+def _refuse_ambiguous(scope: Scope, key: str, vals: tuple[str, ...],
+                      rows: Sequence[dict[str, Any]]) -> None:
+    """Refuse ``key`` when it is both a trial column and a config key whose value differs
+    from the column's for some trial (the two spellings name different things)."""
+    differs = [r for r in rows if key in r["config"] and not same(r.get(key),
+                                                                   _show(r["config"][key]))]
+    if not differs:
+        return
+    col = sorted({_show(r.get(key)) for r in rows}, key=value_order)
+    cfg = sorted({_show(factor_value(r, CONFIG + key)) for r in rows}, key=value_order)
+    v = ",".join(vals)
+    raise AnalysisError(
+        f"--where {key}={v}: {key!r} is both the trial column {key!r} (values: "
+        f"{', '.join(col)}) and a config key of the trials of sweep {scope.name!r} (values: "
+        f"{', '.join(cfg)}); write --where config.{key}={v} for the config key or --where "
+        f"trial.{key}={v} for the trial column")
 
 
 def value_order(text: str) -> tuple[int, float, str]:

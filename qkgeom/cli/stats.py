@@ -29,7 +29,8 @@ table_or_json = format_option("table", "json", dest="fmt")
 
 WHERE_HELP = ("only trials whose factor takes this value (repeatable; values joined by "
               "commas are alternatives): a config key (n_embd=48, lr=0.001,0.003), cell, "
-              "depth, init or arm")
+              "depth, init, arm, seed or status; config.KEY always means the config key "
+              "and trial.COLUMN the trial column")
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,18 @@ TRIAL_COLUMNS = {
     "test_loss": pl.Float64, "host": pl.String, "device": pl.String, "error": pl.String,
     "stale_s": pl.Float64,
 }
+# columns of the frames that factor columns join (trials, per-trial trajectories, finals,
+# the gap frame): a factor of the same name is the column ``config.NAME`` instead
+FRAME_COLUMNS = frozenset(TRIAL_COLUMNS) | {"cell", "layer", "value", "metric", "n_seeds",
+                                            "pr_k", "model", "peak"}
+
+
+def factor_column(name: str) -> str:
+    """The column of config key ``name`` as a factor: ``name``, or ``config.NAME`` when a
+    trial column has that name (``status``, ``device``, ``step`` ...), so that both are
+    kept and neither is mistaken for the other (``--where config.NAME=V`` reads the
+    same)."""
+    return f"config.{name}" if name in FRAME_COLUMNS else name
 
 
 def open_study(db: str | None = None, sweep: str | None = None) -> Study:
@@ -136,8 +148,9 @@ class Study:
     def factors(self) -> list[str]:
         """The factors of the sweep's cells (a spec with ``cells`` or ``axes``): config
         keys whose value differs between cells, one name for keys that always change
-        together (``n_embd`` with ``block_size``); empty for a sweep without cells."""
-        return [f.name for f in self._factors()[0]]
+        together (``n_embd`` with ``block_size``); empty for a sweep without cells. A key
+        named like a trial column is ``config.KEY`` (:func:`factor_column`)."""
+        return [factor_column(f.name) for f in self._factors()[0]]
 
     def _factors(self) -> tuple[list[Any], dict[str, dict[str, Any]]]:
         from qkgeom.report.sensitivity import study_factors
@@ -154,7 +167,8 @@ class Study:
         with the trial's value: what to join a frame on to group it by factor."""
         factors, values = self._factors()
         rows = [{"trial_id": r["trial_id"], "cell": r["cell"],
-                 **{f.name: values.get(r["cell"], {}).get(f.name) for f in factors}}
+                 **{factor_column(f.name): values.get(r["cell"], {}).get(f.name)
+                    for f in factors}}
                 for r in A.trial_rows(self.store, self.name)]
         if not rows:
             return pl.DataFrame(schema={"trial_id": pl.Int64, "cell": pl.String})
