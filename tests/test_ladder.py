@@ -209,7 +209,8 @@ def test_the_live_page_groups_and_filters_by_factor(dbs):
     from qkgeom.web.serve import create_app
 
     before = digest(dbs["ladder"])
-    with TestClient(create_app(dbs["ladder"], n_boot=200, wait_s=60, update_every_s=0)) as c:
+    with TestClient(create_app(dbs["ladder"], n_boot=200, wait_s=60, update_every_s=0),
+                    base_url="http://127.0.0.1") as c:
         page = c.get("/sweeps/ladder?refresh=0").text
         assert "<h2>By factor</h2>" in page and "grouped by n_embd" in page
         table = page[page.index("id='by-factor'"):]
@@ -276,7 +277,8 @@ def test_the_live_page_compares_sweeps(dbs, tmp_path):
     one = f"sqlite:///{tmp_path / 'one.db'}"
     for src in dbs.values():
         assert invoke("db", "merge", "--from", src, "--db", one).exit_code == 0
-    with TestClient(create_app(one, n_boot=200, wait_s=60, update_every_s=0)) as c:
+    with TestClient(create_app(one, n_boot=200, wait_s=60, update_every_s=0),
+                    base_url="http://127.0.0.1") as c:
         index = c.get("/?refresh=0").text
         assert index.count("<input type='checkbox' name='sweep'") == 2
         page = c.get("/compare?sweep=cpu&sweep=ladder").text

@@ -26,6 +26,7 @@ from qkgeom.records import ProbeRecord  # noqa: E402
 from qkgeom.web.serve import check_bind, create_app, is_loopback  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+LOCAL = "http://127.0.0.1"  # the page answers its own host names only
 OOM = "Traceback (most recent call last):\n  ...\nRuntimeError: CUDA out of memory"
 
 
@@ -55,7 +56,8 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
 def client(db):
     # pages wait for their verdicts and charts here (test_slow_work_never_holds_a_page
     # checks the server's default: a page that does not wait)
-    with TestClient(create_app(db[0], n_boot=10_000, wait_s=120, update_every_s=0)) as c:
+    with TestClient(create_app(db[0], n_boot=10_000, wait_s=120, update_every_s=0),
+                    base_url=LOCAL) as c:
         yield c
 
 
@@ -203,7 +205,8 @@ def test_page_follows_the_writes(db, tmp_path: Path) -> None:
     path = tmp_path / "copy.db"
     copy_db(db[1], path)
     url = "sqlite:///" + str(path)
-    with TestClient(create_app(url, n_boot=2000, wait_s=120, update_every_s=0)) as c:
+    with TestClient(create_app(url, n_boot=2000, wait_s=120, update_every_s=0),
+                    base_url=LOCAL) as c:
         before = c.get("/sweeps/live?refresh=0").text
         assert "30/100" not in before
         _write_step(url, 30, finish=True)
@@ -232,7 +235,8 @@ def test_slow_work_never_holds_a_page(db, tmp_path: Path) -> None:
     path = tmp_path / "copy.db"
     copy_db(db[1], path)
     url = "sqlite:///" + str(path)
-    with TestClient(create_app(url, n_boot=2000, wait_s=0, update_every_s=0)) as c:
+    with TestClient(create_app(url, n_boot=2000, wait_s=0, update_every_s=0),
+                    base_url=LOCAL) as c:
         first = c.get("/sweeps/live?unfinished=1&refresh=0").text
         # nothing waited for: the trial table is there, verdicts and chart are on their way
         assert len(rows_of(first, "trials")) == 3
@@ -270,7 +274,8 @@ def test_verdicts_recomputed_at_most_every_update_every(db, tmp_path: Path) -> N
     path = tmp_path / "copy.db"
     copy_db(db[1], path)
     url = "sqlite:///" + str(path)
-    with TestClient(create_app(url, n_boot=2000, wait_s=120, update_every_s=3600)) as c:
+    with TestClient(create_app(url, n_boot=2000, wait_s=120, update_every_s=3600),
+                    base_url=LOCAL) as c:
         first = c.get("/sweeps/live?unfinished=1&refresh=0").text
         assert "p = 0.2500" in first and "claims-stale" not in first
         _write_step(url, 30, finish=True)
@@ -290,7 +295,8 @@ def test_database_untouched(db, client) -> None:
 
 
 def test_token_rule(db) -> None:
-    with TestClient(create_app(db[0], token="s3cret", n_boot=2000, wait_s=120, update_every_s=0)) as c:
+    with TestClient(create_app(db[0], token="s3cret", n_boot=2000, wait_s=120, update_every_s=0),
+                    base_url=LOCAL) as c:
         for p in ("/", "/sweeps/smoke", "/sweeps/smoke/trials.csv", "/nope"):
             r = c.get(p)
             assert r.status_code == 401 and "needs its token" in r.text, p
@@ -404,7 +410,8 @@ def test_failed_chart_drawing_keeps_the_pretrained_table(db, monkeypatch) -> Non
         raise RuntimeError("vl_convert: renderer unavailable")
 
     monkeypatch.setattr(plots, "to_svg", broken)
-    with TestClient(create_app(db[0], n_boot=200, wait_s=120, update_every_s=0)) as c:
+    with TestClient(create_app(db[0], n_boot=200, wait_s=120, update_every_s=0),
+                    base_url=LOCAL) as c:
         t = c.get("/sweeps/smoke").text
     pre = rows_of(t, "pretrained")
     assert len(pre) == 1 and "synthetic/pythia-like" in pre[0]

@@ -42,6 +42,7 @@ def browser(monkeypatch: pytest.MonkeyPatch):
     for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
               "--window-size=1400,2400"):
         opts.add_argument(a)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # CSP reports land here
     drv = webdriver.Chrome(service=Service(executable_path=DRIVER), options=opts)
     drv.set_page_load_timeout(120)
     try:
@@ -58,6 +59,13 @@ def _js(drv, script: str):
         return drv.execute_script(script)
     except WebDriverException:
         return None
+
+
+def csp_violations(drv) -> list[str]:
+    """The browser console's Content-Security-Policy complaints since the last call: the
+    page must work under its own policy (qkgeom.web.serve.CSP)."""
+    return [e["message"] for e in drv.get_log("browser")
+            if "Content Security Policy" in e["message"] or "Refused to" in e["message"]]
 
 
 def wait_for(drv, script: str, check, what: str, timeout: float = 120.0):
@@ -127,6 +135,14 @@ def test_page_watches_a_sweep(browser, tmp_path: Path) -> None:
         shot = tmp_path / "serve.png"
         assert browser.save_screenshot(str(shot))
         assert shot.stat().st_size > 10_000
+        # the stylesheet applied (allowed by its hash): the trial table has its borders
+        border = _js(browser, "return getComputedStyle(document.querySelector('#trials td'))"
+                              ".borderTopStyle")
+        assert border == "solid"
+        for page in ("/sweeps/smoke/report.html", "/sweeps/smoke/chart.svg", "/nope"):
+            browser.get(base + page)
+            time.sleep(0.5)
+        assert csp_violations(browser) == []
         keep = os.environ.get("QKGEOM_SCREENSHOT_DIR")
         if keep:
             shutil.copy(shot, Path(keep) / "serve.png")

@@ -11,7 +11,12 @@ from qkgeom.cli.common import db_option, user_errors
 @main.command("serve")
 @db_option
 @click.option("--host", default="127.0.0.1", show_default=True,
-              help="address to listen on; anything but loopback needs --token")
+              help="address to listen on; anything but loopback needs --token. The page "
+                   "answers requests for this address, 127.0.0.1, localhost and [::1] "
+                   "(beyond loopback also this machine's name; 0.0.0.0: any IP address)")
+@click.option("--allow-host", "allow_hosts", multiple=True, metavar="NAME",
+              help="also answer requests for this host name (repeatable), e.g. the name "
+                   "others reach this machine by; any other Host is refused (421)")
 @click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True,
               help="TCP port (0: any free port; the address printed gives it)")
 @click.option("--token", default=None, envvar="QKGEOM_SERVE_TOKEN", metavar="SECRET",
@@ -23,8 +28,8 @@ from qkgeom.cli.common import db_option, user_errors
               show_default=True,
               help="recompute verdicts and charts at most this often (seconds), so readers "
                    "of a running sweep do not compete with it for the CPUs")
-def serve_cmd(db: str | None, host: str, port: int, token: str | None, refresh: int,
-              update_every: float) -> None:
+def serve_cmd(db: str | None, host: str, allow_hosts: tuple[str, ...], port: int,
+              token: str | None, refresh: int, update_every: float) -> None:
     """Serve a live page over the database, read-only: sweeps, trials, trajectories,
     verdicts (provisional while trials run), downloads. Ctrl-C stops it."""
     with user_errors():
@@ -36,7 +41,8 @@ def serve_cmd(db: str | None, host: str, port: int, token: str | None, refresh: 
             raise QkgeomError(f"qkgeom serve needs starlette and uvicorn ({e}); install "
                               "them with: pip install 'qkgeom[serve]'") from None
         check_bind(host, token)
-        app = create_app(db, token=token, refresh=refresh, update_every_s=update_every)
+        app = create_app(db, token=token, refresh=refresh, update_every_s=update_every,
+                         host=host, allow_hosts=allow_hosts)
         sock = listen(host, port)  # before the address is printed: a port in use says so
     import uvicorn
 

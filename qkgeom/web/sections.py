@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import polars as pl
 
@@ -17,6 +17,18 @@ from qkgeom.report.html import html_table
 from qkgeom.report.study import Study
 
 PRQK = "pr_q,pr_k"  # the default chart: the project's PR_Q / PR_K trajectories
+
+
+def sweep_url(name: str, page: str = "", query: str = "") -> str:
+    """The address of sweep ``name``'s page, or of one of its downloads (``page``, e.g.
+    ``trials.csv``), with the query string ``query``: ``/sweeps/NAME/PAGE?QUERY`` with the
+    name as one path segment (every character but letters, digits and ``_.-~`` quoted:
+    ``a/b`` -> ``a%2Fb``). A name of dots only (``.``, ``..``; or empty) would be a dot
+    segment that browsers resolve away: ``/sweep/PAGE?name=NAME&QUERY`` instead."""
+    tail = f"/{page}" if page else ""
+    if not name.strip("."):
+        return f"/sweep{tail}?" + urlencode({"name": name}) + (f"&{query}" if query else "")
+    return f"/sweeps/{quote(name, safe='')}{tail}" + (f"?{query}" if query else "")
 
 
 def trajectories_svg(st: Study, metric: str, view: str, ids: list[int] | None
@@ -41,12 +53,14 @@ def trajectories_svg(st: Study, metric: str, view: str, ids: list[int] | None
 
 def sweep_header(st: Study, prog: dict[str, Any]) -> str:
     """Navigation, title and the progress line of a sweep's page."""
-    name = _e(quote(st.name, safe=""))
+    def href(page: str) -> str:
+        return _e(sweep_url(st.name, page))
+
     provisional = not prog["finished"]
-    return (f"<nav><a href='/'>all sweeps</a><a href='/sweeps/{name}/report.html'>report"
-            f"</a><a href='/sweeps/{name}/trials.csv'>trials.csv</a>"
-            f"<a href='/sweeps/{name}/trials.parquet'>trials.parquet</a>"
-            f"<a href='/sweeps/{name}/claims.json'>claims.json</a></nav>"
+    return (f"<nav><a href='/'>all sweeps</a><a href='{href('report.html')}'>report"
+            f"</a><a href='{href('trials.csv')}'>trials.csv</a>"
+            f"<a href='{href('trials.parquet')}'>trials.parquet</a>"
+            f"<a href='{href('claims.json')}'>claims.json</a></nav>"
             f"<h1>sweep {_e(st.name)}</h1>"
             f"<p id='progress'><progress value='{prog['fraction']:.4f}' max='1'></progress> "
             f"{prog['fraction']:.1%} of training done; {prog['n_trials']} trials: "

@@ -9,7 +9,9 @@ fingerprint of the sweep's data (:meth:`Study.version`): a refresh with nothing 
 costs a few small queries, and a page never waits more than ``wait_s`` for a slow
 verdict (it shows the previous verdicts, marked, until the new ones are ready).
 
-Routes (``NAME`` a sweep):
+Routes (``NAME`` a sweep, one path segment: ``quote(NAME, safe="")``, so ``a/b`` is
+``a%2Fb``; a name of dots only, which browsers would resolve away, is
+``/sweep?name=NAME`` and ``/sweep/trials.csv?name=NAME``; :func:`sweep_url`):
 
 * ``/``: the sweeps, their trials and progress;
 * ``/sweeps/NAME``: progress, for a sweep with cells the factor view (``group=FACTOR``,
@@ -25,10 +27,18 @@ Routes (``NAME`` a sweep):
 Without a token the server binds to loopback only (:func:`check_bind`); with one, every
 request must carry it: ``?token=T`` (then a cookie keeps it for the session), the header
 ``Authorization: Bearer T`` or ``X-Qkgeom-Token: T``.
+
+Against a hostile page in the user's browser: a request for any host name but the
+server's own is refused before anything else (:class:`HostRule`; DNS rebinding), and
+every response carries :data:`SECURITY_HEADERS` (a Content-Security-Policy that allows
+no script, no frame and only the page's own stylesheet). A SQLite database is opened
+``mode=ro`` (a read-only file handle) as well as ``PRAGMA query_only``. docs/serve.md
+states what is guaranteed, with the tests.
 """
 
 from __future__ import annotations
 
+import base64
 import errno
 import hashlib
 import hmac
@@ -36,12 +46,13 @@ import io
 import ipaddress
 import json
 import math
+import re
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote, unquote_to_bytes, urlencode
 
 import polars as pl
 from starlette.applications import Starlette
@@ -52,9 +63,9 @@ from starlette.routing import Route
 
 from qkgeom import analysis as A
 from qkgeom.errors import QkgeomError
+from qkgeom.report.html import CSS, html_table, page, verdict_cell
 from qkgeom.report.html import cell as _cell
 from qkgeom.report.html import escape as _e
-from qkgeom.report.html import html_table, page, verdict_cell
 from qkgeom.report.study import FINISHED, Study
 from qkgeom.web.background import Failed, Jobs
 from qkgeom.web.sections import (
@@ -69,6 +80,7 @@ from qkgeom.web.sections import (
     kept_trials,
     reload_note,
     sweep_header,
+    sweep_url,
     trajectories_svg,
 )
 
@@ -77,6 +89,8 @@ if TYPE_CHECKING:
 
 DEFAULT_PORT = 8765
 DEFAULT_REFRESH_S = 5
+MAX_REFRESH_S = 86_400
+MAX_NAME_LEN = 1000  # longer path segments name no sweep: 404 without a query
 VIEWS = ("mean", "trial")
 COOKIE = "qkgeom_token"
 TRIAL_HEADERS = [("trial_key", "trial"), ("depth", "depth"), ("init", "init"), ("arm", "arm"),
@@ -110,6 +124,160 @@ def check_bind(host: str, token: str | None) -> None:
                          "every request) or bind to 127.0.0.1")
 
 
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
+WILDCARDS = ("0.0.0.0", "::", "")
+_HOSTNAME = re.compile(r"^[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*$")
+
+
+def _shown(name: str) -> str:
+    return f"[{name}]" if ":" in name else name
+
+
+def host_of(header: str) -> str | None:
+    """The host name of a ``Host`` header, lower case, without its port, brackets or a
+    final dot (``LOCALHOST.:8765`` -> ``localhost``, ``[::1]:80`` -> ``::1``); None for
+    anything that is not a well-formed host name or IP address with an optional port."""
+    v = header.strip()
+    if v.startswith("["):
+        end = v.find("]")
+        name, rest = (v[1:end], v[end + 1:]) if end > 0 else ("", "")
+        try:
+            ipaddress.IPv6Address(name)
+        except ValueError:
+            return None
+    else:
+        name, sep, port = v.rpartition(":")
+        name, rest = (name, sep + port) if sep else (v, "")
+    if rest and not (rest[0] == ":" and rest[1:].isascii() and rest[1:].isdigit()
+                     and len(rest) <= 6):
+        return None
+    name = name.lower()
+    if name.endswith(".") and not name.endswith(".."):
+        name = name[:-1]
+    if ":" in name:
+        return name
+    return name if name.isascii() and _HOSTNAME.match(name) else None
+
+
+def _ip(name: str) -> Any:
+    try:
+        return ipaddress.ip_address(name)
+    except ValueError:
+        return None
+
+
+class HostRule:
+    """The host names a server bound to ``bind`` answers (the ``Host`` header of a
+    request, any port): the bound address, ``127.0.0.1``, ``localhost``, ``[::1]`` and any
+    loopback address, the ``allow`` names (``--allow-host``), and for a bind beyond
+    loopback (which needs a token) this machine's host name and fully qualified name, and
+    for a bind to every address (``0.0.0.0``, ``::``) any IP address. A page of another
+    site that rebinds its own name to this machine sends its own name: refused."""
+
+    def __init__(self, bind: str = "127.0.0.1", allow: Iterable[str] = ()) -> None:
+        import socket
+
+        self.bind = bind.strip().strip("[]").lower()
+        self.any_ip = self.bind in WILDCARDS
+        names = list(LOOPBACK_NAMES)
+        if not self.any_ip:
+            names.append(self.bind)
+        for a in allow:
+            h = host_of(a)
+            if h is None:
+                raise ServeError(f"--allow-host {a!r}: give a host name or IP address, e.g. "
+                                 "--allow-host lab.example.org")
+            names.append(h)
+        if not is_loopback(self.bind):
+            for own in (socket.gethostname(), socket.getfqdn()):
+                h = host_of(own)
+                if h is not None:
+                    names.append(h)
+        self.names = list(dict.fromkeys(names))
+
+    def allows(self, header: str | None) -> bool:
+        if header is None:  # HTTP/1.0 without Host: no browser sends that
+            return True
+        h = host_of(header)
+        if h is None:
+            return False
+        if h in self.names:
+            return True
+        ip = _ip(h)
+        return ip is not None and (ip.is_loopback or self.any_ip)
+
+    def refusal(self, header: str) -> str:
+        shown = ", ".join(_shown(n) for n in self.names)
+        if self.any_ip:
+            shown += ", any IP address of this machine"
+        return (f"this qkgeom serve answers only the hosts {shown} (with any port), not "
+                f"{header[:200]!r}: open it at one of those, or start it with --host ADDRESS "
+                "(the address it listens on and answers) or --allow-host NAME (repeatable) "
+                "to answer another name\n")
+
+
+def _style_hash(css: str) -> str:
+    return "'sha256-" + base64.b64encode(hashlib.sha256(css.encode()).digest()).decode() + "'"
+
+
+# Every response's headers. The pages use one inline <style> (report.html.CSS, allowed by
+# its hash), inline SVG without style attributes, links, and GET forms to this server;
+# no script, image, font, frame or connection of any kind.
+CSP = ("default-src 'none'; style-src " + _style_hash(CSS) + "; form-action 'self'; "
+       "frame-ancestors 'none'; base-uri 'none'")
+SECURITY_HEADERS = [
+    (b"content-security-policy", CSP.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"cross-origin-resource-policy", b"same-origin"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+]
+
+
+class GuardMiddleware:
+    """Outermost: every response gets :data:`SECURITY_HEADERS`, and a request for a host
+    that :class:`HostRule` does not allow is answered 421 with one line of text, before
+    the token is looked at or anything is read."""
+
+    def __init__(self, app: Any, hosts: HostRule) -> None:
+        self.app = app
+        self.hosts = hosts
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_guarded(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                ours = {k for k, _ in SECURITY_HEADERS}
+                kept = [(k, v) for k, v in message.get("headers", []) if k.lower() not in ours]
+                message = {**message, "headers": [*kept, *SECURITY_HEADERS]}
+            await send(message)
+
+        hosts = [v for k, v in scope.get("headers", []) if k.lower() == b"host"]
+        header = hosts[0].decode("latin-1") if hosts else None
+        if len(hosts) > 1 or not self.hosts.allows(header):
+            resp = Response(self.hosts.refusal(header or ""), status_code=421,
+                            media_type="text/plain")
+            await resp(scope, receive, send_guarded)
+            return
+        await self.app(scope, receive, send_guarded)
+
+
+class _App(Starlette):
+    """Starlette with :class:`GuardMiddleware` outside everything, its own error
+    middleware included (so a 500 carries the headers too)."""
+
+    def __init__(self, *args: Any, hosts: HostRule, **kw: Any) -> None:
+        self.hosts = hosts
+        super().__init__(*args, **kw)
+
+    def build_middleware_stack(self) -> Any:
+        return GuardMiddleware(super().build_middleware_stack(), self.hosts)
+
+
 def listen(host: str, port: int) -> Any:
     """A listening TCP socket on ``host:port`` (``port`` 0: any free port, read it back
     with ``getsockname()``); a port in use or an address not on this machine is a
@@ -139,7 +307,8 @@ def listen(host: str, port: int) -> Any:
 
 
 def _message(status: int, text: str) -> HTMLResponse:
-    word = {400: "bad request", 401: "token required", 404: "not found"}.get(status, "error")
+    word = {400: "bad request", 401: "token required", 404: "not found",
+            500: "server error"}.get(status, "error")
     return HTMLResponse(page(f"qkgeom: {word}", f"<h1>{status} {_e(word)}</h1>"
                              f"<p class='err' id='message'>{_e(text)}</p>"
                              "<p><a href='/'>all sweeps</a></p>"), status_code=status)
@@ -162,7 +331,7 @@ class Server:
 
     # ------------------------------------------------------------------ helpers
     def study(self, name: str) -> Study:
-        if self.store.sweep_id(name) is None:
+        if not name_can_exist(name) or self.store.sweep_id(name) is None:
             have = ", ".join(self.store.sweep_names()) or "(none yet)"
             raise NotFound(f"no sweep named {name!r} in this database; sweeps: {have}")
         return Study(self.store, name)
@@ -178,8 +347,12 @@ class Server:
         v = req.query_params.get("refresh")
         if v is None:
             return self.refresh
-        if not v.isdigit():
-            raise BadRequest(f"refresh={v!r}: give whole seconds (0 turns reloading off)")
+        if not (v.isascii() and v.isdigit()):  # '²' is a digit to str.isdigit, not to int
+            raise BadRequest(f"refresh={v[:40]!r}: give whole seconds (0 turns reloading "
+                             "off)")
+        if len(v) > 6 or int(v) > MAX_REFRESH_S:
+            raise BadRequest(f"refresh={v[:40]!r}: at most {MAX_REFRESH_S} seconds (0 turns "
+                             "reloading off)")
         return int(v)
 
     def _metric(self, st: Study, req: Request) -> tuple[str, str]:
@@ -244,7 +417,7 @@ class Server:
             p = Study(self.store, name).progress()
             rows.append(f"<tr><td><input type='checkbox' name='sweep' value='{_e(name)}' "
                         f"form='compare'></td>"
-                        f"<td><a href='/sweeps/{_e(quote(name, safe=''))}'>{_e(name)}</a></td>"
+                        f"<td><a href='{_e(sweep_url(name))}'>{_e(name)}</a></td>"
                         f"<td class='num'>{p['n_trials']}</td>"
                         f"<td>{_e(counts(p['status']))}</td>"
                         f"<td><progress value='{p['fraction']:.4f}' max='1'></progress> "
@@ -259,8 +432,8 @@ class Server:
                 f"<p class='note'>{reload_note(refresh)}</p>")
         return HTMLResponse(page("qkgeom sweeps", body, refresh=refresh))
 
-    def sweep_page(self, req: Request) -> Response:
-        st = self.study(req.path_params["name"])
+    def sweep_page(self, req: Request, name: str) -> Response:
+        st = self.study(name)
         refresh = self._refresh(req)
         metric, view = self._metric(st, req)
         unfinished = self._flag(req, "unfinished")
@@ -302,7 +475,6 @@ class Server:
                        query: dict[str, str], *, wait_s: float, kept: Kept | None) -> str:
         """The trajectories: a metric/view form, the chart (or why there is none yet) and
         the download links."""
-        name = _e(quote(st.name, safe=""))
         opts = "".join(f"<option value='{_e(m)}'{' selected' if m == metric else ''}>"
                        f"{_e('PR_Q and PR_K' if m == PRQK else m)}</option>"
                        for m in [PRQK, *st.metrics()])
@@ -331,8 +503,8 @@ class Server:
                "earlier state of the database; redrawn at most every "
                f"{self.jobs.min_interval_s:g} s.</p>"),
             f"<p class='note' id='chart-which'>{_e(which)}. Download: "
-            f"<a href='/sweeps/{name}/trajectories.csv?{_e(data_q)}'>data (CSV)</a>, "
-            f"<a href='/sweeps/{name}/chart.svg?{_e(data_q)}'>chart (SVG)</a></p>"])
+            f"<a href='{_e(sweep_url(st.name, 'trajectories.csv', data_q))}'>data (CSV)</a>, "
+            f"<a href='{_e(sweep_url(st.name, 'chart.svg', data_q))}'>chart (SVG)</a></p>"])
 
     def _claims_section(self, st: Study, version: Any, unfinished: bool, provisional: bool,
                         link: Callable[..., str], *, wait_s: float) -> str:
@@ -399,19 +571,19 @@ class Server:
         return ("<table id='trials'><thead><tr>" + "".join(head) + "</tr></thead><tbody>"
                 + "".join(body) + "</tbody></table>")
 
-    def trials_csv(self, req: Request) -> Response:
-        st = self.study(req.path_params["name"])
+    def trials_csv(self, req: Request, name: str) -> Response:
+        st = self.study(name)
         return _download(st.trials().write_csv(), "text/csv", f"{st.name}-trials.csv")
 
-    def trials_parquet(self, req: Request) -> Response:
-        st = self.study(req.path_params["name"])
+    def trials_parquet(self, req: Request, name: str) -> Response:
+        st = self.study(name)
         buf = io.BytesIO()
         st.trials().write_parquet(buf)
         return _download(buf.getvalue(), "application/vnd.apache.parquet",
                          f"{st.name}-trials.parquet")
 
-    def trajectories_csv(self, req: Request) -> Response:
-        st = self.study(req.path_params["name"])
+    def trajectories_csv(self, req: Request, name: str) -> Response:
+        st = self.study(name)
         metric, view = self._metric(st, req)
         _, ids = kept_trials(*filter_trials(st, st.trials(), req.query_params)[:2])
         ms = ["pr_q", "pr_k"] if metric == PRQK else [metric]
@@ -421,8 +593,8 @@ class Server:
         return _download(df.write_csv(), "text/csv",
                          f"{st.name}-{'-'.join(ms)}-{view}.csv")
 
-    def chart(self, req: Request) -> Response:
-        st = self.study(req.path_params["name"])
+    def chart(self, req: Request, name: str) -> Response:
+        st = self.study(name)
         metric, view = self._metric(st, req)
         kept = kept_trials(*filter_trials(st, st.trials(), req.query_params)[:2])
         got, _ = self.chart_svg(st, st.version(), metric, view, wait_s=math.inf, kept=kept)
@@ -431,8 +603,8 @@ class Server:
             raise NotFound(f"no chart for {metric} yet: {note}")
         return Response(svg, media_type="image/svg+xml")
 
-    def claims_json(self, req: Request) -> Response:
-        st = self.study(req.path_params["name"])
+    def claims_json(self, req: Request, name: str) -> Response:
+        st = self.study(name)
         unfinished = self._flag(req, "unfinished")
         prog = st.progress()
         claims, _ = self.claims(st, st.version(), unfinished, wait_s=math.inf)
@@ -444,14 +616,48 @@ class Server:
                             "verdict": c.verdict} for c in claims]}
         return JSONResponse(json.loads(json.dumps(data, default=str)))
 
-    def report_html(self, req: Request) -> Response:
-        st = self.study(req.path_params["name"])
+    def report_html(self, req: Request, name: str) -> Response:
+        st = self.study(name)
         unfinished = self._flag(req, "unfinished")
         with tempfile.TemporaryDirectory(prefix="qkgeom-serve-") as d:
             st.report(d, seed=self.seed, n_boot=self.n_boot, finished_only=not unfinished)
             text = (Path(d) / "report.html").read_text(encoding="utf-8")
         return HTMLResponse(text)
 
+
+    PAGES = {"": "sweep_page", "trials.csv": "trials_csv", "trials.parquet": "trials_parquet",
+             "trajectories.csv": "trajectories_csv", "chart.svg": "chart",
+             "claims.json": "claims_json", "report.html": "report_html"}
+
+    def by_path(self, req: Request) -> Response:
+        """``/sweeps/NAME[/PAGE]``, NAME one segment of the raw (still quoted) path: a
+        name with ``/`` (``a%2Fb``) is never read as a name and a page."""
+        raw = req.scope.get("raw_path") or quote(req.scope["path"]).encode()
+        rest = raw.split(b"?", 1)[0][len(b"/sweeps/"):]
+        seg, _, sub = rest.partition(b"/")
+        name = unquote_to_bytes(seg).decode("utf-8", "replace")
+        page = unquote_to_bytes(sub).decode("utf-8", "replace")
+        whole = unquote_to_bytes(rest).decode("utf-8", "replace")
+        if page not in self.PAGES or not self._known(name):
+            if whole != name and self._known(whole):  # /sweeps/a/b for the sweep "a/b"
+                raise NotFound(f"no page at {req.url.path}; the sweep {whole!r} is at "
+                               f"{sweep_url(whole)} (a '/' in a name is written %2F)")
+            if page not in self.PAGES:
+                raise NotFound(f"no page at {req.url.path}; start from /")
+        return getattr(self, self.PAGES[page])(req, name)
+
+    def by_query(self, req: Request) -> Response:
+        """``/sweep[/PAGE]?name=NAME``: any sweep, the address of a name of dots only."""
+        name = req.query_params.get("name")
+        if name is None:
+            raise BadRequest("give the sweep as ?name=NAME (or open /sweeps/NAME)")
+        page = req.path_params.get("page", "")
+        if page not in self.PAGES:
+            raise NotFound(f"no page at {req.url.path}; start from /")
+        return getattr(self, self.PAGES[page])(req, name)
+
+    def _known(self, name: str) -> bool:
+        return name_can_exist(name) and self.store.sweep_id(name) is not None
 
     def compare_html(self, req: Request) -> Response:
         """The report of several sweeps as cells of one comparison (``?sweep=A&sweep=B``)."""
@@ -481,10 +687,20 @@ def _status_cell(status: str, stale_s: float | None) -> str:
     return f"<td class='s-{_e(status)}'>{_e(status)}</td>"
 
 
+def name_can_exist(name: str) -> bool:
+    """False for text no stored sweep name can be (NUL: PostgreSQL refuses it in a query;
+    over :data:`MAX_NAME_LEN` characters): answered 404 without asking the database."""
+    return "\x00" not in name and len(name) <= MAX_NAME_LEN
+
+
 def _download(body: str | bytes, media: str, filename: str) -> Response:
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in filename)
-    return Response(body, media_type=media,
-                    headers={"Content-Disposition": f"attachment; filename=\"{safe}\""})
+    # an ASCII name for every client, the exact one (RFC 6266 filename*) for those that
+    # read it; header values are latin-1, so a name's other characters never go raw
+    safe = "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "_"
+                   for c in filename)
+    exact = quote(filename, safe="")
+    return Response(body, media_type=media, headers={
+        "Content-Disposition": f"attachment; filename=\"{safe}\"; filename*=UTF-8''{exact}"})
 
 
 class TokenMiddleware:
@@ -529,18 +745,21 @@ class TokenMiddleware:
 
 def create_app(db: str | None = None, *, token: str | None = None,
                refresh: int = DEFAULT_REFRESH_S, n_boot: int = 10_000,
-               seed: int = 0, wait_s: float = 1.0, update_every_s: float = 30.0
-               ) -> Starlette:
+               seed: int = 0, wait_s: float = 1.0, update_every_s: float = 30.0,
+               host: str = "127.0.0.1", allow_hosts: Iterable[str] = ()) -> Starlette:
     """The web app over database ``db``, opened read-only now (a bad URL or a database
-    without qkgeom's schema fails here, with the usual one-line message). A page waits
+    without qkgeom's schema fails here, with the usual one-line message). It answers the
+    host names of :class:`HostRule` for a server bound to ``host``, plus ``allow_hosts``
+    (pass the address it listens on: a test client's ``http://testserver`` is refused;
+    use ``base_url="http://127.0.0.1"``). A page waits
     up to ``wait_s`` for verdicts and charts computed in the background, then shows the
     previous ones (or a note) and picks up the new ones on a later reload; each is
     recomputed at most every ``update_every_s`` seconds."""
     from contextlib import asynccontextmanager
 
-    from qkgeom.store import open_store
 
-    store = open_store(db, create=False, readonly=True)
+    hosts = HostRule(host, allow_hosts)
+    store = open_page_store(db)
     srv = Server(store, refresh=refresh, seed=seed, n_boot=n_boot, wait_s=wait_s,
                  update_every_s=update_every_s)
 
@@ -554,18 +773,20 @@ def create_app(db: str | None = None, *, token: str | None = None,
                 return _message(400, str(e))
             except QkgeomError as e:  # e.g. a database error: one line, no traceback
                 return _message(500, str(e))
+            except Exception as e:  # never a traceback on the page; the log has it
+                import logging
+
+                logging.getLogger("qkgeom.serve").exception("%s", req.url.path)
+                return _message(500, f"internal error ({type(e).__name__}); see the "
+                                     "server's log")
 
         return endpoint
 
     routes = [
         Route("/", wrap(srv.index)),
-        Route("/sweeps/{name}", wrap(srv.sweep_page)),
-        Route("/sweeps/{name}/trials.csv", wrap(srv.trials_csv)),
-        Route("/sweeps/{name}/trials.parquet", wrap(srv.trials_parquet)),
-        Route("/sweeps/{name}/trajectories.csv", wrap(srv.trajectories_csv)),
-        Route("/sweeps/{name}/chart.svg", wrap(srv.chart)),
-        Route("/sweeps/{name}/claims.json", wrap(srv.claims_json)),
-        Route("/sweeps/{name}/report.html", wrap(srv.report_html)),
+        Route("/sweeps/{rest:path}", wrap(srv.by_path)),
+        Route("/sweep", wrap(srv.by_query)),
+        Route("/sweep/{page}", wrap(srv.by_query)),
         Route("/compare", wrap(srv.compare_html)),
     ]
 
@@ -583,9 +804,26 @@ def create_app(db: str | None = None, *, token: str | None = None,
         srv.jobs.close()
         store.close()
 
-    app = Starlette(routes=routes, lifespan=lifespan,
-                    exception_handlers={HTTPException: http_error, Exception: server_error})
+    app = _App(routes=routes, lifespan=lifespan, hosts=hosts,
+               exception_handlers={HTTPException: http_error, Exception: server_error})
     if token:
         app.add_middleware(TokenMiddleware, token=token)
     app.state.server = srv
     return app
+
+
+def open_page_store(db: str | None) -> Store:
+    """The page's store: :func:`qkgeom.store.open_store` read-only (schema checks and
+    one-line errors), and for a SQLite file an engine whose every connection opens the
+    file ``mode=ro`` (``file_readonly``): a read-only file handle, so no write reaches the
+    file even with ``PRAGMA query_only`` switched off."""
+    from qkgeom.store import Store, open_store
+    from qkgeom.store.engine import make_engine, sqlite_path
+
+    store = open_store(db, create=False, readonly=True)
+    if store.dialect != "sqlite" or sqlite_path(store.url) is None:
+        return store
+    url, revision = store.url, store.revision
+    store.close()
+    return Store(make_engine(url, create=False, readonly=True, file_readonly=True), url,
+                 revision=revision, readonly=True)
