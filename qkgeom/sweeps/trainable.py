@@ -99,6 +99,36 @@ def _upload_snapshot(local: Path, step: int, root: str | None) -> str:
     return storage_location(fs, dest, storage.storage_fs_path, root)
 
 
+FAULTS_ENV = "QKGEOM_TEST_FAULTS"  # fault injection for the tests: see :func:`fault_point`
+
+
+def fault_point(key: str, point: str, step: int | None = None) -> None:
+    """Where the tests kill a worker: with ``$QKGEOM_TEST_FAULTS`` set to
+    ``{"dir": D, "faults": {trial key: [[point, step], ...]}}`` the worker SIGKILLs itself
+    at the first listed ``(point, step)`` it reaches that has not fired yet (each fires
+    once: a marker file in D). Points: ``written`` (after a worker's own database write of
+    a probe, before its ``tune.report``), ``report`` (before ``tune.report``: the snapshot
+    is uploaded, nothing reported), ``reported`` (after ``tune.report`` returned: the
+    checkpoint is saved and the driver has the result), ``restored`` (an attempt that
+    restored a checkpoint, before it trains; ``step`` null). A no-op unless set."""
+    raw = os.environ.get(FAULTS_ENV)
+    if not raw:
+        return
+    plan = json.loads(raw)
+    for i, (p, st) in enumerate(plan.get("faults", {}).get(key, [])):
+        if p != point or (st is not None and st != step):
+            continue
+        marker = Path(plan["dir"]) / f"{key}.{i}"
+        try:
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            continue  # fired in an earlier attempt
+        os.close(fd)
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def trainable(config: dict[str, Any], db_url: str | None = None,
               finished: frozenset = frozenset(), storage_root: str | None = None) -> None:
     """Tune function trainable: one qkgeom trial (``config["trial"]`` is a TrialSpec dict).
@@ -155,10 +185,13 @@ def trainable(config: dict[str, Any], db_url: str | None = None,
             if direct is not None:
                 direct.write_probe(trial_id, rec)
                 metrics["record"] = ""
+                fault_point(spec.key, "written", rec.step)
             else:
                 metrics["record"] = json.dumps(rec.to_dict())
             checkpoint = tune.Checkpoint.from_directory(ckpt) if ckpt else None
+            fault_point(spec.key, "report", rec.step)
             tune.report(metrics, checkpoint=checkpoint)
+            fault_point(spec.key, "reported", rec.step)
             if ckpt:  # persisted to the run's storage by report(); the local copy can go
                 shutil.rmtree(ckpt, ignore_errors=True)
 
@@ -167,6 +200,7 @@ def trainable(config: dict[str, Any], db_url: str | None = None,
         if ckpt is None:
             result = train(cfg, report, checkpoint_dir=scratch, corpus=corpus, **snaps)
         else:
+            fault_point(spec.key, "restored")
             with ckpt.as_directory() as d:
                 result = train(cfg, report, checkpoint_dir=scratch, resume_from=d,
                                corpus=corpus, **snaps)
