@@ -210,3 +210,20 @@ def test_the_page_keeps_a_factor_named_like_a_trial_column(clash) -> None:
         assert {ln.split(",")[j] for ln in csv[1:]} == {"terminated"}
         r = c.get("/sweeps/clash/trajectories.csv?f.config.device=cuda&view=trial")
         assert r.status_code == 200 and len(r.text.splitlines()) > 1
+
+
+def test_resume_of_a_stored_name_that_breaks_the_rule_is_refused(tmp_path: Path) -> None:
+    """A sweep stored under "a/b" (an old database) is not resumed: its storage
+    directories would be made again under that name; refused before Ray starts."""
+    from qkgeom.plan.spec import plan_from
+    from qkgeom.store import open_store
+
+    url = "sqlite:///" + str(tmp_path / "old.db")
+    spec = {**plan_from("smoke").spec, "name": "a/b"}
+    with open_store(url) as store:
+        store.ensure_sweep("a/b", spec, "old")
+    before = _digest(tmp_path / "old.db")
+    r = invoke("sweep", "--resume", "--name", "a/b", "--db", url)
+    assert r.exit_code != 0 and NAME_RULE in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1
+    assert _digest(tmp_path / "old.db") == before
