@@ -405,3 +405,28 @@ def test_a_slash_name_is_not_confused_with_a_download(client) -> None:
     assert r.status_code == 404 and "/sweeps/x%2Ftrials.csv" in r.text
     r = client.get("/sweeps/a/b")
     assert r.status_code == 404 and "/sweeps/a%2Fb" in r.text
+
+
+def test_hostile_inputs_on_postgresql(pg_url) -> None:
+    """The same answers over PostgreSQL, which refuses NUL in a text parameter: a NUL or
+    invalid UTF-8 name is 404, never a database error; a bad refresh 400; a name with
+    '/' opens; another Host 421."""
+    plant(pg_url, "plain")
+    plant(pg_url, "a/b")
+    with TestClient(create_app(pg_url, n_boot=200, wait_s=0, update_every_s=0),
+                    base_url=BASE) as c:
+        for raw in ("%00", "a%00b", "%FF", "x" * 3000):
+            r = c.get(f"/sweeps/{raw}/trials.csv")
+            assert r.status_code == 404, (raw, r.status_code, r.text[-200:])
+        r = c.get("/compare?sweep=plain&sweep=%00")
+        assert r.status_code == 404, r.text[-200:]
+        assert c.get("/sweeps/plain?refresh=%C2%B2").status_code == 400
+        assert c.get("/sweeps/a%2Fb?refresh=0").status_code == 200
+        csv = c.get("/sweeps/a%2Fb/trials.csv")
+        assert csv.status_code == 200 and len(csv.text.strip().splitlines()) == 3
+        for value in HOSTILE:
+            for param in ("metric", "sort", "group", "f.cell", "view"):
+                r = c.get(f"/sweeps/plain?{param}={value}")
+                assert r.status_code < 500, (param, value, r.text[-200:])
+        r = c.get("/sweeps/plain/trials.csv", headers={"Host": "attacker.example"})
+        assert r.status_code == 421
