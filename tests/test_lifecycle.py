@@ -118,7 +118,7 @@ def test_delete_refuses_a_sweep_whose_trials_still_beat(beating):
     r = cli("sweep", "delete", "--name", "hb", "--db", url, "--yes")
     out = r.output.strip().splitlines()
     assert r.exit_code == 1 and out[-1].startswith(
-        "Error: sweep hb may be running (trial live is running with a recent heartbeat")
+        "Error: sweep hb may be running: 'hb' (1 trial(s) running, last heartbeat")
     assert "stop its driver first" in out[-1]
     assert any("2 trial(s) are recorded as running" in ln for ln in out)
     with open_store(url, create=False, readonly=True) as store:

@@ -12,9 +12,8 @@ take a lease that is free, stale, or provably gone; a live one is refused with i
 named (:class:`LeaseHeld`). Taking is one write transaction (SQLite ``BEGIN IMMEDIATE``;
 PostgreSQL a row lock or the primary key), so of two drivers at once one wins.
 
-:func:`sweep_liveness` is what the destructive commands ask (``sweep delete``, ``db
-merge``): the lease, and for databases or runs without one, running trials with a fresh
-heartbeat or with no heartbeat interval at all (nothing proves those gone).
+:mod:`qkgeom.store.liveness` is what the destructive commands ask (``sweep delete``,
+``db merge``): the lease first, then, for runs without one, the trials' heartbeats.
 """
 
 from __future__ import annotations
@@ -124,8 +123,14 @@ def _read(conn: Any, sweep_id: int, *, lock: bool = False) -> Lease | None:
 
 
 def read_lease(store: Store, sweep_id: int) -> Lease | None:
+    """The lease of sweep ``sweep_id`` (None: nobody holds it)."""
     with store._read() as conn:
         return _read(conn, sweep_id)
+
+
+def read_lease_in(conn: Any, sweep_id: int) -> Lease | None:
+    """:func:`read_lease` through an open connection (inside its transaction)."""
+    return _read(conn, sweep_id)
 
 
 def takeover_advice(lease: Lease, name: str) -> str:
@@ -280,59 +285,6 @@ class LeaseKeeper(Beater):
                     release(store, self.sweep_id, self.token)
             except QkgeomError:
                 pass  # left behind: stale after its interval, or a dead pid on this host
-
-
-# ---------------------------------------------------------------------- liveness
-def sweep_liveness(store: Store, name: str, *, conn: Any = None) -> list[str]:
-    """Why sweep ``name`` may be running now (empty: nothing runs it). ``conn``: read
-    inside that open transaction (a delete re-checks inside its own)."""
-    if conn is None:
-        with store._read() as c:
-            return sweep_liveness(store, name, conn=c)
-    from sqlalchemy import select
-
-    from qkgeom.store.lifecycle import no_heartbeat_s
-    from qkgeom.store.models import Sweep, Trial
-
-    s, t = Sweep.__table__, Trial.__table__
-    row = conn.execute(select(s.c.id, s.c.heartbeat_s).where(s.c.name == name)).first()
-    if row is None:
-        return []
-    lease = _read(conn, row.id)
-    if lease is not None and lease.live:
-        return [f"its driver holds the lease: {lease.holder()}"]
-    running = conn.execute(select(t.c.trial_key, t.c.heartbeat_at, t.c.started_at)
-                           .where(t.c.sweep_id == row.id, t.c.status == "running")).all()
-    if not running or lease is not None:
-        return []  # a lease that is stale or whose pid is dead proves its trials orphaned
-    now = db_now(conn)
-    why = []
-    for r in running:
-        if row.heartbeat_s is None:
-            why.append(f"trial {r.trial_key} is running and its driver promises no heartbeat "
-                       "(qkgeom train --db, or a sweep recorded before leases)")
-        elif no_heartbeat_s("running", r.heartbeat_at, r.started_at, row.heartbeat_s,
-                            now) is None:
-            why.append(f"trial {r.trial_key} is running with a recent heartbeat")
-    return why
-
-
-def live_sweeps(store: Store, *, conn: Any = None) -> dict[str, list[str]]:
-    """Every sweep of the database that may be running now, with why."""
-    if conn is None:
-        with store._read() as c:
-            return live_sweeps(store, conn=c)
-    from sqlalchemy import select
-
-    from qkgeom.store.models import Sweep
-
-    s = Sweep.__table__
-    out = {}
-    for (n,) in conn.execute(select(s.c.name).order_by(s.c.name)).all():
-        why = sweep_liveness(store, n, conn=conn)
-        if why:
-            out[n] = why
-    return out
 
 
 # ---------------------------------------------------------------------- identity

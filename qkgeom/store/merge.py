@@ -259,6 +259,12 @@ def _copy(src: Store, conn: Any, old: str, new: str, expected: dict[str, int]) -
     with src._read() as rc:
         sweep = _row(rc.execute(select(s).where(s.c.id == sid)).one(), ("id",))
         sweep["name"] = new
+        # its files stay the origin's: the database whose driver made them (a sweep
+        # recorded before revision 0009 has none: then the source's own identity)
+        if not sweep.get("origin"):
+            from qkgeom.store.lease import database_identity
+
+            sweep["origin"] = database_identity(src, conn=rc)
         new_sid = conn.execute(s.insert().values(**sweep).returning(s.c.id)).scalar_one()
         ids: dict[int, int] = {}
         for r in rc.execute(select(t).where(t.c.sweep_id == sid).order_by(t.c.id)).all():

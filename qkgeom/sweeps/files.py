@@ -255,13 +255,13 @@ class SweepRemoval:
 
     def check_stopped(self, live: list[str] | None = None) -> None:
         """Refuse to delete a sweep that may still run (``live``: the reasons, as
-        :func:`qkgeom.store.lease.sweep_liveness` gives them; default the plan's)."""
+        :func:`qkgeom.store.liveness.sweep_liveness` gives them; default the plan's)."""
         live = self.live if live is None else live
         if live:
             raise QkgeomError(
-                f"sweep {self.name} may be running ({live[0]}"
-                f"{f'; and {len(live) - 1} more' if len(live) > 1 else ''}); stop its driver "
-                f"first (Ctrl-C), then delete it; if you know it has stopped, give --stopped")
+                f"sweep {self.name} may be running: {live[0]}; stop its driver first "
+                "(Ctrl-C), then delete it; if you know it has stopped and nothing could "
+                "prove it, give --stopped")
 
 
 def plan_removal(store: Store, name: str, *, stopped: bool = False) -> SweepRemoval:
@@ -276,12 +276,13 @@ def plan_removal(store: Store, name: str, *, stopped: bool = False) -> SweepRemo
     another sweep's storage or directory; never a path another sweep of the database
     could own; never the files of a sweep merged from another database (``sweeps.origin``).
     A symlink is removed as a link, its target never. ``live``: why the sweep may still
-    run (:func:`qkgeom.store.lease.sweep_liveness`); ``stopped`` drops the reasons that
+    run (:func:`qkgeom.store.liveness.sweep_liveness`); ``stopped`` drops the reasons that
     cannot be proved either way (no heartbeat interval, a stale lease elsewhere).
     """
     import json
 
-    from qkgeom.store.lease import database_identity, sweep_liveness
+    from qkgeom.store.lease import database_identity
+    from qkgeom.store.liveness import sweep_liveness
 
     sid = store.require_sweep(name)
     frame = store.sweeps()
@@ -293,8 +294,7 @@ def plan_removal(store: Store, name: str, *, stopped: bool = False) -> SweepRemo
     running = store.trials(name).filter(status="running")
     plan = SweepRemoval(name=name, db=store.safe_url, rows=store.sweep_row_counts(name),
                         storage=storage, running=sorted(running["trial_key"]))
-    plan.live = [w for w in sweep_liveness(store, name)
-                 if not (stopped and "holds the lease" not in w)]
+    plan.live = _live(sweep_liveness(store, name), stopped)
     foreign = origin is not None and here is not None and origin != here
     if foreign:
         plan.origin = origin
@@ -339,17 +339,22 @@ def plan_removal(store: Store, name: str, *, stopped: bool = False) -> SweepRemo
         return None
 
     dirs: list[tuple[str, tuple[str, str]]] = []
+    not_ours: list[str] = []  # experiment directories of another database (merged, stamped)
     for loc in _experiment_dirs(storage, name) if storage else []:
         why = owner(loc, _key(loc), True)
         if why is None:
             dirs.append((loc, _key(loc)))
         else:
             plan.kept.append((loc, why))
+            if foreign or OWNER_STAMP in why:
+                not_ours.append(loc)
     candidates = list(dirs)
     for loc in sorted({loc for s, loc in locations if s == name}):
         key = _key(loc)
         if any(_inside(key, d) for _, d in dirs):
             continue  # removed with its experiment directory
+        if any(_inside(key, _key(k)) for k in not_ours):
+            continue  # in a directory that is not this database's: listed with it
         why = owner(loc, key, False)
         if why is None:
             candidates.append((loc, key))
@@ -364,6 +369,15 @@ def plan_removal(store: Store, name: str, *, stopped: bool = False) -> SweepRemo
         else:
             plan.paths.append((loc, size))
     return plan
+
+
+def _live(live: Any, stopped: bool) -> list[str]:
+    """Why the sweep may run (:class:`qkgeom.store.liveness.LiveSweep`), as the plan lists
+    it; ``stopped`` (the user knows its driver is gone) drops what cannot be proved either
+    way, never a live lease."""
+    if live is None or (stopped and not live.provable):
+        return []
+    return [live.describe()]
 
 
 def _origin(store: Store, sweep_id: int) -> str | None:
@@ -420,14 +434,12 @@ def remove_sweep(url: str, plan: SweepRemoval, *, stopped: bool = False) -> dict
     deleted per table.
     """
     from qkgeom.store import open_store
-    from qkgeom.store.lease import sweep_liveness
+    from qkgeom.store.liveness import sweep_liveness
 
     plan.check_stopped()
     with open_store(url, create=False) as store, store._write() as conn:
         store.lock_sweep(conn, plan.name)
-        live = [w for w in sweep_liveness(store, plan.name, conn=conn)
-                if not (stopped and "holds the lease" not in w)]
-        plan.check_stopped(live)
+        plan.check_stopped(_live(sweep_liveness(store, plan.name, conn), stopped))
         now = store.sweep_row_counts(plan.name, conn=conn)
         if now != plan.rows:
             raise QkgeomError(f"sweep {plan.name} changed since it was listed (rows then "
