@@ -152,6 +152,8 @@ class ProbeSink:
     def __init__(self, run_dir: Path, db: str | None, sweep_name: str, cfg) -> None:
         from qkgeom.plan.spec import trial_key
 
+        self.run_dir = run_dir
+        self.beater = None
         self.path = run_dir / "probes.jsonl"
         self.fh = self.path.open("a", encoding="utf-8")
         self.last = None
@@ -169,7 +171,10 @@ class ProbeSink:
     def _open(self, db: str, sweep_name: str, cfg) -> None:
         from qkgeom.engine.train import pick_device
         from qkgeom.store import open_store, resolve_url, safe_url
+        from qkgeom.store.lease import Beater, database_identity
+        from qkgeom.store.lifecycle import HEARTBEAT_S
         from qkgeom.store.recorder import TrialRecorder
+        from qkgeom.sweeps.files import stamp_directory
         from qkgeom.sweeps.provenance import provenance
         from qkgeom.sweeps.ship import code_version
 
@@ -177,13 +182,22 @@ class ProbeSink:
         self.url_shown = safe_url(url)
         self.store = open_store(url)
         self._check_existing(sweep_name, cfg)
-        sid = self.store.ensure_sweep(sweep_name, {"kind": "train"}, code_version())
+        sid = self.store.ensure_sweep(sweep_name, {"kind": "train"}, code_version(),
+                                      heartbeat_s=HEARTBEAT_S)
         self.trial_id = self.store.ensure_trial(
             sid, self.trial_key, cfg.to_dict(), depth=cfg.n_layer, init=cfg.init,
             arm=cfg.arm, seed=cfg.seed, status="running",
         )
         self.recorder = TrialRecorder(self.store, sid)
         self.recorder.started(self.trial_id, provenance(str(pick_device(cfg))))
+        # the run's checkpoints are this database's (qkgeom sweep delete asks)
+        stamp_directory(str(self.run_dir / "checkpoints"), database_identity(self.store),
+                        sweep_name)
+        # a heartbeat every HEARTBEAT_S from a thread: a running trial whose heartbeats
+        # stop has lost its process (what qkgeom status and sweep delete judge by)
+        tid = self.trial_id
+        self.beater = Beater(url, HEARTBEAT_S,
+                             lambda store: store.heartbeat(sid, tid) >= 0).start()
 
     def __enter__(self) -> ProbeSink:
         return self
@@ -193,6 +207,8 @@ class ProbeSink:
 
     def close(self) -> None:
         self.fh.close()
+        if self.beater is not None:
+            self.beater.stop()
         if self.store is not None:
             self.store.close()
 
@@ -219,8 +235,6 @@ class ProbeSink:
         self.fh.flush()
         self.last = record
         if self.recorder is not None:
-            # the heartbeat is last seen only: a train run promises no interval, so it is
-            # never judged stale
             self.recorder.reported(
                 self.trial_id, record,
                 saved=None if checkpoint is None else str(Path(checkpoint).resolve()))

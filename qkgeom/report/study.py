@@ -111,9 +111,11 @@ class Study:
         heartbeat once its driver is gone, else null; its error then says so)."""
         from datetime import datetime, timezone
 
+        from qkgeom.store.lease import read_lease
         from qkgeom.store.lifecycle import no_heartbeat_s, stale_note
 
         sweeps = self.store.sweeps()
+        lease = read_lease(self.store, self.sweep_id)
         every = dict(zip(sweeps["name"], sweeps["heartbeat_s"])).get(self.name)
         now = datetime.now(timezone.utc)
         t = self.store.trials(self.name)
@@ -132,7 +134,7 @@ class Study:
             err = (r["error"] or "").strip().splitlines()
             stale = no_heartbeat_s(r["status"], r["heartbeat_at"], r["started_at"], every, now)
             if stale is not None:
-                err = [stale_note(stale, self.name)]
+                err = [stale_note(stale, self.name, lease)]
             rows.append({
                 "trial_id": r["id"], "trial_key": r["trial_key"], "depth": r["depth"],
                 "init": r["init"], "arm": r["arm"], "seed": r["seed"], "status": r["status"],
