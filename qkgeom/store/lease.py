@@ -144,6 +144,22 @@ def takeover_advice(lease: Lease, name: str) -> str:
             f"qkgeom sweep --resume --name {name} takes over")
 
 
+def refuse_beside_live_driver(url: str, name: str) -> None:
+    """A read-only early check (the lease is taken later, in one write): raise
+    :class:`LeaseHeld` when a live driver holds sweep ``name``."""
+    from qkgeom.store import open_store
+
+    try:
+        store = open_store(url, create=False, readonly=True)
+    except QkgeomError:
+        return  # no database or no schema yet: nothing holds it
+    with store:
+        sid = store.sweep_id(name)
+        lease = None if sid is None else read_lease(store, sid)
+    if lease is not None and lease.live:
+        raise LeaseHeld(takeover_advice(lease, name))
+
+
 def acquire(store: Store, sweep_id: int, name: str, *, stale_after_s: float,
             command: str | None = None, conn: Any = None) -> tuple[str, Lease | None]:
     """Take the lease of sweep ``sweep_id`` for this process. Returns ``(token, the lease

@@ -41,7 +41,7 @@ from typing import Any
 from ray import tune
 
 from qkgeom.plan.spec import SweepError, SweepPlan, TrialSpec
-from qkgeom.store.lease import LeaseKeeper, acquire, database_identity
+from qkgeom.store.lease import LeaseKeeper, acquire, database_identity, refuse_beside_live_driver
 from qkgeom.store.lifecycle import STALE_AFTER, mark_interrupted
 from qkgeom.sweeps.callbacks import (
     DbWriter,
@@ -189,6 +189,7 @@ def _checked(plan: SweepPlan, opts: SweepOptions) -> tuple[str, str, int]:
     storage = storage_root(opts)
     threads = max(1, int(opts.cpus_per_trial))
     if opts.resume:  # without --storage: the one the sweep ran with
+        refuse_beside_live_driver(db_url, plan.name)  # at once, before the corpus is read
         storage = resume_storage(plan.name, db_url, storage, given=opts.storage is not None)
     elif tune.Tuner.can_restore(experiment_path(plan.name, storage)):  # before Ray starts
         raise experiment_exists(plan.name, experiment_path(plan.name, storage))
