@@ -28,7 +28,8 @@ SQL_HOMES = ("qkgeom/store/", "qkgeom/analysis/")
 
 
 # The layers, bottom up: each package and the packages it may import. "qkgeom" is the
-# shared vocabulary at the top of the tree (errors, config, records, atomic). cli may import all.
+# shared vocabulary at the top of the tree (errors, config, records, atomic, names). cli may
+# import all.
 LAYERS: dict[str, tuple[str, ...]] = {
     "qkgeom": (),
     "engine": ("qkgeom",),
@@ -45,7 +46,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
 }
 # the package's front door (``qkgeom.open_study``) and the old module paths' aliases
 FACADES = ("qkgeom/__init__.py", "qkgeom/compat.py")
-LEAF = {"errors", "config", "records", "atomic", "__version__"}
+LEAF = {"errors", "config", "records", "atomic", "names", "__version__"}
 
 
 def rel(p: Path) -> str:

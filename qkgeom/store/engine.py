@@ -273,47 +273,59 @@ def make_engine(url: str, *, create: bool = True, readonly: bool = False,
     ``file_readonly`` (implies ``readonly``; the live page): every SQLite connection opens
     the file ``mode=ro`` (:func:`connect_sqlite_mode_ro`).
     """
+    readonly = readonly or file_readonly
+    if backend_of(url) == "sqlite":
+        return _sqlite_engine(url, create=create, readonly=readonly,
+                              foreign_keys=foreign_keys, file_readonly=file_readonly)
+    return _pg_engine(url, readonly=readonly)
+
+
+def _sqlite_engine(url: str, *, create: bool, readonly: bool, foreign_keys: bool,
+                   file_readonly: bool) -> Any:
+    """:func:`make_engine` for SQLite (see there)."""
     from sqlalchemy import create_engine, event
     from sqlalchemy.pool import StaticPool
 
-    readonly = readonly or file_readonly
-    if backend_of(url) == "sqlite":
-        check_sqlite_file(url, create=create)
-        path = sqlite_path(url)
-        memory = path is None
-        busy = busy_timeout_s()
-        kw: dict[str, Any] = {"connect_args": {"timeout": busy}}
-        if memory:
-            kw.update(poolclass=StaticPool, connect_args={"check_same_thread": False})
-        elif file_readonly:
-            kw["creator"] = lambda: connect_sqlite_mode_ro(path, busy)  # type: ignore[arg-type]
-        elif readonly:
-            kw["creator"] = lambda: connect_sqlite_readonly(path, busy)  # type: ignore[arg-type]
-        engine = create_engine(url, **kw)
+    check_sqlite_file(url, create=create)
+    path = sqlite_path(url)
+    memory = path is None
+    busy = busy_timeout_s()
+    kw: dict[str, Any] = {"connect_args": {"timeout": busy}}
+    if memory:
+        kw.update(poolclass=StaticPool, connect_args={"check_same_thread": False})
+    elif file_readonly:
+        kw["creator"] = lambda: connect_sqlite_mode_ro(path, busy)  # type: ignore[arg-type]
+    elif readonly:
+        kw["creator"] = lambda: connect_sqlite_readonly(path, busy)  # type: ignore[arg-type]
+    engine = create_engine(url, **kw)
 
-        @event.listens_for(engine, "connect")
-        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-            dbapi_conn.isolation_level = None  # we emit BEGIN ourselves (see module doc)
-            cur = dbapi_conn.cursor()
-            try:
-                # PRAGMAs take no bind parameters; both values are our own constants
-                cur.execute(f"PRAGMA busy_timeout={int(busy * 1000)}")
-                if not memory and not readonly:
-                    _wal(cur)
-                cur.execute(f"PRAGMA foreign_keys={'ON' if foreign_keys else 'OFF'}")
-                cur.execute("PRAGMA synchronous=NORMAL")  # safe with WAL; no fsync per commit
-                if readonly:
-                    cur.execute("PRAGMA query_only=ON")
-            finally:
-                cur.close()
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # we emit BEGIN ourselves (see module doc)
+        cur = dbapi_conn.cursor()
+        try:
+            # PRAGMAs take no bind parameters; both values are our own constants
+            cur.execute(f"PRAGMA busy_timeout={int(busy * 1000)}")
+            if not memory and not readonly:
+                _wal(cur)
+            cur.execute(f"PRAGMA foreign_keys={'ON' if foreign_keys else 'OFF'}")
+            cur.execute("PRAGMA synchronous=NORMAL")  # safe with WAL; no fsync per commit
+            if readonly:
+                cur.execute("PRAGMA query_only=ON")
+        finally:
+            cur.close()
 
-        @event.listens_for(engine, "begin")
-        def _on_begin(conn: Any) -> None:
-            write = conn.get_execution_options().get("qkgeom_write", False)
-            conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        write = conn.get_execution_options().get("qkgeom_write", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
-        return engine
+    return engine
 
+
+def _pg_engine(url: str, *, readonly: bool) -> Any:
+    """:func:`make_engine` for PostgreSQL (see there)."""
+    from sqlalchemy import create_engine
     from sqlalchemy.engine import make_url
 
     u = make_url(url)

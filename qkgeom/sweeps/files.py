@@ -288,60 +288,21 @@ def plan_removal(store: Store, name: str, *, stopped: bool = False) -> SweepRemo
     frame = store.sweeps()
     sweeps = {r["name"]: json.loads(r["spec"]) for r in frame.iter_rows(named=True)}
     storage = (sweeps[name] or {}).get(STORAGE_KEY)
-    here = database_identity(store)
-    origin = _origin(store, sid)
     locations = store.checkpoint_locations()
     running = store.trials(name).filter(status="running")
     plan = SweepRemoval(name=name, db=store.safe_url, rows=store.sweep_row_counts(name),
                         storage=storage, running=sorted(running["trial_key"]))
     plan.live = _live(sweep_liveness(store, name), stopped)
-    foreign = origin is not None and here is not None and origin != here
+    owner = _Ownership.of(name, sweeps, locations, here=database_identity(store),
+                          origin=_origin(store, sid))
+    foreign = owner.foreign
     if foreign:
-        plan.origin = origin
-    theirs = [(s, _key(loc)) for s, loc in locations if s != name]
-    storages = {s: _key(spec[STORAGE_KEY]) for s, spec in sweeps.items()
-                if s != name and (spec or {}).get(STORAGE_KEY)}
-    keep: dict[str, str] = {}
-    if storage and _local(storage):
-        keep[_local(storage)] = "the sweep's Ray storage root"
-    for s, k in storages.items():
-        if k[0] == "local":
-            keep[k[1]] = f"the Ray storage of sweep {s}"
-    for s, k in theirs:
-        if k[0] == "local":
-            keep.setdefault(k[1], f"a checkpoint of sweep {s}")
-
-    def owner(loc: str, key: tuple[str, str], experiment: bool) -> str | None:
-        """Why another sweep (or nobody provably this one) could own ``loc``, or None."""
-        if foreign:
-            return (f"the sweep was merged from database {origin}: its files are that "
-                    f"database's; delete the sweep there to remove them")
-        if experiment:
-            base = key[1].rsplit("/", 1)[-1]
-            for s, k in storages.items():
-                if k == _key(storage) and is_experiment_of(base, s):
-                    return f"also an experiment directory of sweep {s}"
-        for s, k in theirs:
-            if _inside(k, key) or _inside(key, k):
-                return f"holds or lies in a checkpoint of sweep {s}"
-        why = protected_reason(loc, keep)
-        if why is not None:
-            return why
-        stamp = _nearest_stamp(loc)
-        if stamp is not None:
-            where, got = stamp
-            if got.get("database") != here or got.get("sweep") != name:
-                return (f"{where}/{OWNER_STAMP} says it belongs to sweep "
-                        f"{got.get('sweep')!r} of database {got.get('database')}")
-        elif not experiment and not STATE_NAME.fullmatch(key[1].rsplit("/", 1)[-1]):
-            return ("not a directory qkgeom made for this sweep (no ownership stamp, not "
-                    "named like a checkpoint)")
-        return None
+        plan.origin = owner.origin
 
     dirs: list[tuple[str, tuple[str, str]]] = []
     not_ours: list[str] = []  # experiment directories of another database (merged, stamped)
     for loc in _experiment_dirs(storage, name) if storage else []:
-        why = owner(loc, _key(loc), True)
+        why = owner.why_not(loc, _key(loc), True)
         if why is None:
             dirs.append((loc, _key(loc)))
         else:
@@ -355,7 +316,7 @@ def plan_removal(store: Store, name: str, *, stopped: bool = False) -> SweepRemo
             continue  # removed with its experiment directory
         if any(_inside(key, _key(k)) for k in not_ours):
             continue  # in a directory that is not this database's: listed with it
-        why = owner(loc, key, False)
+        why = owner.why_not(loc, key, False)
         if why is None:
             candidates.append((loc, key))
         elif _exists_at(loc):
@@ -369,6 +330,72 @@ def plan_removal(store: Store, name: str, *, stopped: bool = False) -> SweepRemo
         else:
             plan.paths.append((loc, size))
     return plan
+
+
+@dataclass
+class _Ownership:
+    """What decides whether a location is sweep ``name``'s to delete (see
+    :func:`plan_removal`): this database's identity and the sweep's origin, its storage,
+    the other sweeps' storages and checkpoints, and the paths never to delete."""
+
+    name: str
+    here: str | None
+    origin: str | None
+    storage: str | None
+    storages: dict[str, tuple[str, str]]  # other sweep -> the key of its storage
+    theirs: list[tuple[str, tuple[str, str]]]  # (other sweep, key of a checkpoint of it)
+    keep: dict[str, str]  # local path -> what it is (never deleted, nor what contains it)
+
+    @classmethod
+    def of(cls, name: str, sweeps: dict[str, dict | None],
+           locations: list[tuple[str, str]], *, here: str | None,
+           origin: str | None) -> _Ownership:
+        storage = (sweeps[name] or {}).get(STORAGE_KEY)
+        theirs = [(s, _key(loc)) for s, loc in locations if s != name]
+        storages = {s: _key(spec[STORAGE_KEY]) for s, spec in sweeps.items()
+                    if s != name and (spec or {}).get(STORAGE_KEY)}
+        keep: dict[str, str] = {}
+        if storage and _local(storage):
+            keep[_local(storage)] = "the sweep's Ray storage root"
+        for s, k in storages.items():
+            if k[0] == "local":
+                keep[k[1]] = f"the Ray storage of sweep {s}"
+        for s, k in theirs:
+            if k[0] == "local":
+                keep.setdefault(k[1], f"a checkpoint of sweep {s}")
+        return cls(name, here, origin, storage, storages, theirs, keep)
+
+    @property
+    def foreign(self) -> bool:
+        """The sweep was merged from another database: its files are that one's."""
+        return self.origin is not None and self.here is not None and self.origin != self.here
+
+    def why_not(self, loc: str, key: tuple[str, str], experiment: bool) -> str | None:
+        """Why ``loc`` is not provably this sweep's to delete (None: it is)."""
+        if self.foreign:
+            return (f"the sweep was merged from database {self.origin}: its files are that "
+                    f"database's; delete the sweep there to remove them")
+        if experiment:
+            base = key[1].rsplit("/", 1)[-1]
+            for s, k in self.storages.items():
+                if k == _key(self.storage) and is_experiment_of(base, s):
+                    return f"also an experiment directory of sweep {s}"
+        for s, k in self.theirs:
+            if _inside(k, key) or _inside(key, k):
+                return f"holds or lies in a checkpoint of sweep {s}"
+        why = protected_reason(loc, self.keep)
+        if why is not None:
+            return why
+        stamp = _nearest_stamp(loc)
+        if stamp is not None:
+            where, got = stamp
+            if got.get("database") != self.here or got.get("sweep") != self.name:
+                return (f"{where}/{OWNER_STAMP} says it belongs to sweep "
+                        f"{got.get('sweep')!r} of database {got.get('database')}")
+        elif not experiment and not STATE_NAME.fullmatch(key[1].rsplit("/", 1)[-1]):
+            return ("not a directory qkgeom made for this sweep (no ownership stamp, not "
+                    "named like a checkpoint)")
+        return None
 
 
 def _live(live: Any, stopped: bool) -> list[str]:
