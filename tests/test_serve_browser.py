@@ -63,7 +63,7 @@ def _js(drv, script: str):
 
 def csp_violations(drv) -> list[str]:
     """The browser console's Content-Security-Policy complaints since the last call: the
-    page must work under its own policy (qkgeom.web.serve.CSP)."""
+    page must work under its own policy (qkgeom.web.guard.CSP)."""
     return [e["message"] for e in drv.get_log("browser")
             if "Content Security Policy" in e["message"] or "Refused to" in e["message"]]
 

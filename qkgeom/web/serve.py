@@ -24,29 +24,21 @@ Routes (``NAME`` a sweep, one path segment: ``quote(NAME, safe="")``, so ``a/b``
 * ``/compare?sweep=A&sweep=B``: the report of several sweeps as cells of one comparison
   (per-cell verdicts, sensitivity, cells at a glance); the index ticks them.
 
-Without a token the server binds to loopback only (:func:`check_bind`); with one, every
-request must carry it: ``?token=T`` (then a cookie keeps it for the session), the header
-``Authorization: Bearer T`` or ``X-Qkgeom-Token: T``.
-
-Against a hostile page in the user's browser: a request for any host name but the
-server's own is refused before anything else (:class:`HostRule`; DNS rebinding), and
-every response carries :data:`SECURITY_HEADERS` (a Content-Security-Policy that allows
-no script, no frame and only the page's own stylesheet). A SQLite database is opened
-``mode=ro`` (a read-only file handle) as well as ``PRAGMA query_only``. docs/serve.md
-states what is guaranteed, with the tests.
+Its security layer is :mod:`qkgeom.web.guard`: without a token the server binds to
+loopback only (:func:`check_bind`), with one every request must carry it; a request for
+any host name but the server's own is refused before anything else (DNS rebinding), and
+every response carries a Content-Security-Policy that allows no script, no frame and only
+the page's own stylesheet. Query parameters are read and checked by
+:mod:`qkgeom.web.params`. A SQLite database is opened ``mode=ro`` (a read-only file
+handle) as well as ``PRAGMA query_only``. docs/serve.md states what is guaranteed, with
+the tests.
 """
 
 from __future__ import annotations
 
-import base64
-import errno
-import hashlib
-import hmac
 import io
-import ipaddress
 import json
 import math
-import re
 import tempfile
 import time
 from collections.abc import Callable, Iterable
@@ -63,11 +55,21 @@ from starlette.routing import Route
 
 from qkgeom import analysis as A
 from qkgeom.errors import QkgeomError
-from qkgeom.report.html import CSS, html_table, page, verdict_cell
 from qkgeom.report.html import cell as _cell
 from qkgeom.report.html import escape as _e
+from qkgeom.report.html import html_table, page, verdict_cell
 from qkgeom.report.study import FINISHED, Study
-from qkgeom.web.background import Failed, Jobs
+from qkgeom.web.background import Jobs
+from qkgeom.web.guard import (
+    GuardedApp,
+    HostRule,
+    TokenMiddleware,
+    check_bind,
+    is_loopback,
+    listen,
+)
+from qkgeom.web.params import VIEWS, flag_param, metric_param, name_can_exist, refresh_param
+from qkgeom.web.responses import NotFound, download, error_page, pending
 from qkgeom.web.sections import (
     FILTER,
     PRQK,
@@ -87,231 +89,15 @@ from qkgeom.web.sections import (
 if TYPE_CHECKING:
     from qkgeom.store import Store
 
+# what callers import from here (qkgeom.cli.serve, the tests); the rest lives in guard.py
+__all__ = ["check_bind", "create_app", "is_loopback", "listen"]
+
 DEFAULT_PORT = 8765
 DEFAULT_REFRESH_S = 5
-MAX_REFRESH_S = 86_400
-MAX_NAME_LEN = 1000  # longer path segments name no sweep: 404 without a query
-VIEWS = ("mean", "trial")
-COOKIE = "qkgeom_token"
 TRIAL_HEADERS = [("trial_key", "trial"), ("depth", "depth"), ("init", "init"), ("arm", "arm"),
                  ("seed", "seed"), ("status", "status"), ("attempts", "tries"),
                  ("step", "step / max"), ("val_loss", "val loss"), ("test_loss", "test loss"),
                  ("host", "host"), ("device", "device"), ("error", "error")]
-
-
-class ServeError(QkgeomError):
-    """The server cannot start as asked (e.g. a public bind without a token)."""
-
-
-class NotFound(QkgeomError):
-    """An unknown sweep, metric or page: answered with 404 and the message."""
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def check_bind(host: str, token: str | None) -> None:
-    """Refuse to listen beyond this machine without a token."""
-    if not is_loopback(host) and not token:
-        raise ServeError(f"refusing to serve on {host} without a token: anyone who can reach "
-                         "it could read the database; pass --token SECRET (then required on "
-                         "every request) or bind to 127.0.0.1")
-
-
-LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
-WILDCARDS = ("0.0.0.0", "::", "")
-_HOSTNAME = re.compile(r"^[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*$")
-
-
-def _shown(name: str) -> str:
-    return f"[{name}]" if ":" in name else name
-
-
-def host_of(header: str) -> str | None:
-    """The host name of a ``Host`` header, lower case, without its port, brackets or a
-    final dot (``LOCALHOST.:8765`` -> ``localhost``, ``[::1]:80`` -> ``::1``); None for
-    anything that is not a well-formed host name or IP address with an optional port."""
-    v = header.strip()
-    if v.startswith("["):
-        end = v.find("]")
-        name, rest = (v[1:end], v[end + 1:]) if end > 0 else ("", "")
-        try:
-            ipaddress.IPv6Address(name)
-        except ValueError:
-            return None
-    else:
-        name, sep, port = v.rpartition(":")
-        name, rest = (name, sep + port) if sep else (v, "")
-    if rest and not (rest[0] == ":" and rest[1:].isascii() and rest[1:].isdigit()
-                     and len(rest) <= 6):
-        return None
-    name = name.lower()
-    if name.endswith(".") and not name.endswith(".."):
-        name = name[:-1]
-    if ":" in name:
-        return name
-    return name if name.isascii() and _HOSTNAME.match(name) else None
-
-
-def _ip(name: str) -> Any:
-    try:
-        return ipaddress.ip_address(name)
-    except ValueError:
-        return None
-
-
-class HostRule:
-    """The host names a server bound to ``bind`` answers (the ``Host`` header of a
-    request, any port): the bound address, ``127.0.0.1``, ``localhost``, ``[::1]`` and any
-    loopback address, the ``allow`` names (``--allow-host``), and for a bind beyond
-    loopback (which needs a token) this machine's host name and fully qualified name, and
-    for a bind to every address (``0.0.0.0``, ``::``) any IP address. A page of another
-    site that rebinds its own name to this machine sends its own name: refused."""
-
-    def __init__(self, bind: str = "127.0.0.1", allow: Iterable[str] = ()) -> None:
-        import socket
-
-        self.bind = bind.strip().strip("[]").lower()
-        self.any_ip = self.bind in WILDCARDS
-        names = list(LOOPBACK_NAMES)
-        if not self.any_ip:
-            names.append(self.bind)
-        for a in allow:
-            h = host_of(a)
-            if h is None:
-                raise ServeError(f"--allow-host {a!r}: give a host name or IP address, e.g. "
-                                 "--allow-host lab.example.org")
-            names.append(h)
-        if not is_loopback(self.bind):
-            for own in (socket.gethostname(), socket.getfqdn()):
-                h = host_of(own)
-                if h is not None:
-                    names.append(h)
-        self.names = list(dict.fromkeys(names))
-
-    def allows(self, header: str | None) -> bool:
-        if header is None:  # HTTP/1.0 without Host: no browser sends that
-            return True
-        h = host_of(header)
-        if h is None:
-            return False
-        if h in self.names:
-            return True
-        ip = _ip(h)
-        return ip is not None and (ip.is_loopback or self.any_ip)
-
-    def refusal(self, header: str) -> str:
-        shown = ", ".join(_shown(n) for n in self.names)
-        if self.any_ip:
-            shown += ", any IP address of this machine"
-        return (f"this qkgeom serve answers only the hosts {shown} (with any port), not "
-                f"{header[:200]!r}: open it at one of those, or start it with --host ADDRESS "
-                "(the address it listens on and answers) or --allow-host NAME (repeatable) "
-                "to answer another name\n")
-
-
-def _style_hash(css: str) -> str:
-    return "'sha256-" + base64.b64encode(hashlib.sha256(css.encode()).digest()).decode() + "'"
-
-
-# Every response's headers. The pages use one inline <style> (report.html.CSS, allowed by
-# its hash), inline SVG without style attributes, links, and GET forms to this server;
-# no script, image, font, frame or connection of any kind.
-CSP = ("default-src 'none'; style-src " + _style_hash(CSS) + "; form-action 'self'; "
-       "frame-ancestors 'none'; base-uri 'none'")
-SECURITY_HEADERS = [
-    (b"content-security-policy", CSP.encode()),
-    (b"x-content-type-options", b"nosniff"),
-    (b"x-frame-options", b"DENY"),
-    (b"referrer-policy", b"no-referrer"),
-    (b"cross-origin-resource-policy", b"same-origin"),
-    (b"cross-origin-opener-policy", b"same-origin"),
-]
-
-
-class GuardMiddleware:
-    """Outermost: every response gets :data:`SECURITY_HEADERS`, and a request for a host
-    that :class:`HostRule` does not allow is answered 421 with one line of text, before
-    the token is looked at or anything is read."""
-
-    def __init__(self, app: Any, hosts: HostRule) -> None:
-        self.app = app
-        self.hosts = hosts
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def send_guarded(message: Any) -> None:
-            if message["type"] == "http.response.start":
-                ours = {k for k, _ in SECURITY_HEADERS}
-                kept = [(k, v) for k, v in message.get("headers", []) if k.lower() not in ours]
-                message = {**message, "headers": [*kept, *SECURITY_HEADERS]}
-            await send(message)
-
-        hosts = [v for k, v in scope.get("headers", []) if k.lower() == b"host"]
-        header = hosts[0].decode("latin-1") if hosts else None
-        if len(hosts) > 1 or not self.hosts.allows(header):
-            resp = Response(self.hosts.refusal(header or ""), status_code=421,
-                            media_type="text/plain")
-            await resp(scope, receive, send_guarded)
-            return
-        await self.app(scope, receive, send_guarded)
-
-
-class _App(Starlette):
-    """Starlette with :class:`GuardMiddleware` outside everything, its own error
-    middleware included (so a 500 carries the headers too)."""
-
-    def __init__(self, *args: Any, hosts: HostRule, **kw: Any) -> None:
-        self.hosts = hosts
-        super().__init__(*args, **kw)
-
-    def build_middleware_stack(self) -> Any:
-        return GuardMiddleware(super().build_middleware_stack(), self.hosts)
-
-
-def listen(host: str, port: int) -> Any:
-    """A listening TCP socket on ``host:port`` (``port`` 0: any free port, read it back
-    with ``getsockname()``); a port in use or an address not on this machine is a
-    :class:`ServeError` that says what to do."""
-    import socket
-
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror as e:
-        raise ServeError(f"cannot listen on {host}: {e.strerror}; give --host an address "
-                         "of this machine (127.0.0.1 for this machine only)") from None
-    family, kind, proto, _, addr = infos[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(addr)
-        sock.listen(128)
-    except OSError as e:
-        sock.close()
-        what = "is in use" if e.errno == errno.EADDRINUSE else f"cannot be used ({e.strerror})"
-        raise ServeError(f"port {port} on {host} {what}; pick another with --port N, or "
-                         "--port 0 for any free port") from None
-    return sock
-
-
-# --------------------------------------------------------------------------- html
-
-
-def _message(status: int, text: str) -> HTMLResponse:
-    word = {400: "bad request", 401: "token required", 404: "not found",
-            500: "server error"}.get(status, "error")
-    return HTMLResponse(page(f"qkgeom: {word}", f"<h1>{status} {_e(word)}</h1>"
-                             f"<p class='err' id='message'>{_e(text)}</p>"
-                             "<p><a href='/'>all sweeps</a></p>"), status_code=status)
 
 
 # --------------------------------------------------------------------------- the app
@@ -335,35 +121,6 @@ class Server:
             have = ", ".join(self.store.sweep_names()) or "(none yet)"
             raise NotFound(f"no sweep named {name!r} in this database; sweeps: {have}")
         return Study(self.store, name)
-
-    @staticmethod
-    def _flag(req: Request, key: str) -> bool:
-        v = req.query_params.get(key, "0")
-        if v not in ("0", "1", "true", "false", ""):
-            raise BadRequest(f"{key}={v!r}: use {key}=1 or {key}=0")
-        return v in ("1", "true")
-
-    def _refresh(self, req: Request) -> int:
-        v = req.query_params.get("refresh")
-        if v is None:
-            return self.refresh
-        if not (v.isascii() and v.isdigit()):  # '²' is a digit to str.isdigit, not to int
-            raise BadRequest(f"refresh={v[:40]!r}: give whole seconds (0 turns reloading "
-                             "off)")
-        if len(v) > 6 or int(v) > MAX_REFRESH_S:
-            raise BadRequest(f"refresh={v[:40]!r}: at most {MAX_REFRESH_S} seconds (0 turns "
-                             "reloading off)")
-        return int(v)
-
-    def _metric(self, st: Study, req: Request) -> tuple[str, str]:
-        metric = req.query_params.get("metric") or PRQK
-        view = req.query_params.get("view") or "mean"
-        if view not in VIEWS:
-            raise BadRequest(f"view={view!r}: use view=mean (over seeds) or view=trial")
-        if metric != PRQK and metric not in st.metrics():
-            raise NotFound(f"unknown metric {metric!r}; valid metrics: "
-                           f"{', '.join(st.metrics())}")
-        return metric, view
 
     def chart_svg(self, st: Study, version: Any, metric: str, view: str, *,
                   wait_s: float | None = None, kept: Kept | None = None
@@ -411,7 +168,7 @@ class Server:
 
     # ------------------------------------------------------------------ routes
     def index(self, req: Request) -> Response:
-        refresh = self._refresh(req)
+        refresh = refresh_param(req, self.refresh)
         rows = []
         for name in self.store.sweep_names():
             p = Study(self.store, name).progress()
@@ -434,11 +191,11 @@ class Server:
 
     def sweep_page(self, req: Request, name: str) -> Response:
         st = self.study(name)
-        refresh = self._refresh(req)
-        metric, view = self._metric(st, req)
-        unfinished = self._flag(req, "unfinished")
+        refresh = refresh_param(req, self.refresh)
+        metric, view = metric_param(st, req)
+        unfinished = flag_param(req, "unfinished")
         sort = req.query_params.get("sort") or "trial_id"
-        desc = self._flag(req, "desc")
+        desc = flag_param(req, "desc")
         trials, filters, group = filter_trials(st, st.trials(), req.query_params)
         if sort not in trials.columns:
             raise BadRequest(f"sort={sort!r}: sort by one of {', '.join(trials.columns)}")
@@ -484,7 +241,7 @@ class Server:
         keep = "".join(f"<input type='hidden' name='{_e(k)}' value='{_e(v)}'>"
                        for k, v in query.items() if k not in ("metric", "view"))
         got, fresh = self.chart_svg(st, version, metric, view, wait_s=wait_s, kept=kept)
-        svg, note = got if isinstance(got, tuple) else ("", _pending(got))
+        svg, note = got if isinstance(got, tuple) else ("", pending(got))
         filters = kept[0] if kept is not None else {}
         data_q = urlencode({"metric": metric, "view": view,
                             **{FILTER + k: v for k, v in filters.items()}})
@@ -520,7 +277,7 @@ class Server:
                f"{'finished trials only' if unfinished else 'include unfinished trials'}"
                "</a></p>"]
         if not isinstance(claims, list):
-            return "".join(out) + f"<p class='note' id='claims-note'>{_e(_pending(claims))}</p>"
+            return "".join(out) + f"<p class='note' id='claims-note'>{_e(pending(claims))}</p>"
         rows = "".join(
             f"<tr><td>{_e(c.key)}</td><td>{_e(c.paper)}</td><td>{_e(c.measured)}</td>"
             f"{verdict_cell(c.verdict, mark)}</tr>"
@@ -573,43 +330,43 @@ class Server:
 
     def trials_csv(self, req: Request, name: str) -> Response:
         st = self.study(name)
-        return _download(st.trials().write_csv(), "text/csv", f"{st.name}-trials.csv")
+        return download(st.trials().write_csv(), "text/csv", f"{st.name}-trials.csv")
 
     def trials_parquet(self, req: Request, name: str) -> Response:
         st = self.study(name)
         buf = io.BytesIO()
         st.trials().write_parquet(buf)
-        return _download(buf.getvalue(), "application/vnd.apache.parquet",
+        return download(buf.getvalue(), "application/vnd.apache.parquet",
                          f"{st.name}-trials.parquet")
 
     def trajectories_csv(self, req: Request, name: str) -> Response:
         st = self.study(name)
-        metric, view = self._metric(st, req)
+        metric, view = metric_param(st, req)
         _, ids = kept_trials(*filter_trials(st, st.trials(), req.query_params)[:2])
         ms = ["pr_q", "pr_k"] if metric == PRQK else [metric]
         frames = [st.trajectories(m, per_trial=view == "trial", trials=ids).with_columns(
             pl.lit(m).alias("metric")) for m in ms]
         df = pl.concat(frames)
-        return _download(df.write_csv(), "text/csv",
+        return download(df.write_csv(), "text/csv",
                          f"{st.name}-{'-'.join(ms)}-{view}.csv")
 
     def chart(self, req: Request, name: str) -> Response:
         st = self.study(name)
-        metric, view = self._metric(st, req)
+        metric, view = metric_param(st, req)
         kept = kept_trials(*filter_trials(st, st.trials(), req.query_params)[:2])
         got, _ = self.chart_svg(st, st.version(), metric, view, wait_s=math.inf, kept=kept)
-        svg, note = got if isinstance(got, tuple) else ("", _pending(got))
+        svg, note = got if isinstance(got, tuple) else ("", pending(got))
         if not svg:
             raise NotFound(f"no chart for {metric} yet: {note}")
         return Response(svg, media_type="image/svg+xml")
 
     def claims_json(self, req: Request, name: str) -> Response:
         st = self.study(name)
-        unfinished = self._flag(req, "unfinished")
+        unfinished = flag_param(req, "unfinished")
         prog = st.progress()
         claims, _ = self.claims(st, st.version(), unfinished, wait_s=math.inf)
         if not isinstance(claims, list):
-            raise QkgeomError(_pending(claims))
+            raise QkgeomError(pending(claims))
         data = {"sweep": st.name, "provisional": not prog["finished"],
                 "finished_only": not unfinished, "progress": prog,
                 "claims": [{"key": c.key, "paper": c.paper, "measured": c.measured,
@@ -618,7 +375,7 @@ class Server:
 
     def report_html(self, req: Request, name: str) -> Response:
         st = self.study(name)
-        unfinished = self._flag(req, "unfinished")
+        unfinished = flag_param(req, "unfinished")
         with tempfile.TemporaryDirectory(prefix="qkgeom-serve-") as d:
             st.report(d, seed=self.seed, n_boot=self.n_boot, finished_only=not unfinished)
             text = (Path(d) / "report.html").read_text(encoding="utf-8")
@@ -670,77 +427,14 @@ class Server:
 
         with tempfile.TemporaryDirectory(prefix="qkgeom-serve-") as d:
             build_report(self.store, names[0], d, compare=names[1:], seed=self.seed,
-                         n_boot=self.n_boot, finished_only=not self._flag(req, "unfinished"))
+                         n_boot=self.n_boot, finished_only=not flag_param(req, "unfinished"))
             text = (Path(d) / "report.html").read_text(encoding="utf-8")
         return HTMLResponse(text)
-
-
-def _pending(got: Any) -> str:
-    if isinstance(got, Failed):
-        return f"could not compute it: {got.message}"
-    return "being computed (this page reloads by itself)"
-
 
 def _status_cell(status: str, stale_s: float | None) -> str:
     if stale_s is not None:  # running in the database, but its driver is gone
         return f"<td class='s-stale'>{_e(status)} (stale)</td>"
     return f"<td class='s-{_e(status)}'>{_e(status)}</td>"
-
-
-def name_can_exist(name: str) -> bool:
-    """False for text no stored sweep name can be (NUL: PostgreSQL refuses it in a query;
-    over :data:`MAX_NAME_LEN` characters): answered 404 without asking the database."""
-    return "\x00" not in name and len(name) <= MAX_NAME_LEN
-
-
-def _download(body: str | bytes, media: str, filename: str) -> Response:
-    # an ASCII name for every client, the exact one (RFC 6266 filename*) for those that
-    # read it; header values are latin-1, so a name's other characters never go raw
-    safe = "".join(c if c.isascii() and (c.isalnum() or c in "-_.") else "_"
-                   for c in filename)
-    exact = quote(filename, safe="")
-    return Response(body, media_type=media, headers={
-        "Content-Disposition": f"attachment; filename=\"{safe}\"; filename*=UTF-8''{exact}"})
-
-
-class TokenMiddleware:
-    """Every request must carry the token (query ``token``, ``Authorization: Bearer``,
-    ``X-Qkgeom-Token`` or the cookie set after a query-token visit)."""
-
-    def __init__(self, app: Any, token: str) -> None:
-        self.app = app
-        self.token = token
-        self.cookie = hashlib.sha256(("qkgeom:" + token).encode()).hexdigest()
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        req = Request(scope)
-        auth = req.headers.get("authorization", "")
-        given = (req.query_params.get("token") or req.headers.get("x-qkgeom-token")
-                 or (auth[7:] if auth.lower().startswith("bearer ") else None))
-        ok = given is not None and hmac.compare_digest(given.encode(), self.token.encode())
-        ok = ok or hmac.compare_digest(req.cookies.get(COOKIE, "").encode(),
-                                       self.cookie.encode())
-        if not ok:
-            resp = _message(401, "this server needs its token: open the page with "
-                                 "?token=TOKEN (or send the header Authorization: Bearer "
-                                 "TOKEN)")
-            await resp(scope, receive, send)
-            return
-        if req.query_params.get("token"):
-            cookie = f"{COOKIE}={self.cookie}; Path=/; HttpOnly; SameSite=Strict".encode()
-
-            async def send_cookie(message: Any) -> None:
-                if message["type"] == "http.response.start":
-                    message = {**message, "headers": [*message.get("headers", []),
-                                                      (b"set-cookie", cookie)]}
-                await send(message)
-
-            await self.app(scope, receive, send_cookie)
-            return
-        await self.app(scope, receive, send)
 
 
 def create_app(db: str | None = None, *, token: str | None = None,
@@ -757,7 +451,6 @@ def create_app(db: str | None = None, *, token: str | None = None,
     recomputed at most every ``update_every_s`` seconds."""
     from contextlib import asynccontextmanager
 
-
     hosts = HostRule(host, allow_hosts)
     store = open_page_store(db)
     srv = Server(store, refresh=refresh, seed=seed, n_boot=n_boot, wait_s=wait_s,
@@ -768,17 +461,17 @@ def create_app(db: str | None = None, *, token: str | None = None,
             try:
                 return fn(req)
             except NotFound as e:
-                return _message(404, str(e))
+                return error_page(404, str(e))
             except BadRequest as e:
-                return _message(400, str(e))
+                return error_page(400, str(e))
             except QkgeomError as e:  # e.g. a database error: one line, no traceback
-                return _message(500, str(e))
+                return error_page(500, str(e))
             except Exception as e:  # never a traceback on the page; the log has it
                 import logging
 
                 logging.getLogger("qkgeom.serve").exception("%s", req.url.path)
-                return _message(500, f"internal error ({type(e).__name__}); see the "
-                                     "server's log")
+                return error_page(500, f"internal error ({type(e).__name__}); see the "
+                                       "server's log")
 
         return endpoint
 
@@ -792,11 +485,11 @@ def create_app(db: str | None = None, *, token: str | None = None,
 
     async def http_error(req: Request, exc: Exception) -> Response:
         code = getattr(exc, "status_code", 500)
-        return _message(code, f"no page at {req.url.path}; start from /" if code == 404
-                        else str(getattr(exc, "detail", exc)))
+        return error_page(code, f"no page at {req.url.path}; start from /" if code == 404
+                          else str(getattr(exc, "detail", exc)))
 
     async def server_error(req: Request, exc: Exception) -> Response:
-        return _message(500, f"internal error ({type(exc).__name__}); see the server's log")
+        return error_page(500, f"internal error ({type(exc).__name__}); see the server's log")
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> Any:
@@ -804,7 +497,7 @@ def create_app(db: str | None = None, *, token: str | None = None,
         srv.jobs.close()
         store.close()
 
-    app = _App(routes=routes, lifespan=lifespan, hosts=hosts,
+    app = GuardedApp(routes=routes, lifespan=lifespan, hosts=hosts,
                exception_handlers={HTTPException: http_error, Exception: server_error})
     if token:
         app.add_middleware(TokenMiddleware, token=token)
