@@ -20,8 +20,10 @@ Where each one writes, offline by default:
   (``mlflow ui --backend-store-uri sqlite:///mlflow.db``); needs ``pip install
   mlflow-skinny`` (or ``mlflow``);
 * ``wandb``: one W&B run per trial in project ``qkgeom-NAME``, in offline mode unless
-  ``$WANDB_MODE`` says otherwise (``wandb sync`` uploads later); needs ``pip install
-  wandb``. Not tested here.
+  ``$WANDB_MODE`` says otherwise, written under ``$WANDB_DIR`` (default: the working
+  directory) as ``wandb/offline-run-*`` (``wandb sync DIR/wandb/offline-run-*`` uploads
+  later); needs ``pip install wandb`` (the ``trackers`` extra). Tested offline: the values
+  read back from the run files equal the database's (tests/test_trackers.py).
 
 Trackers read the records the driver receives, so they need the default driver writes:
 ``--direct-writes`` (workers write their own rows) is refused with them.
@@ -105,6 +107,17 @@ def mlflow_uri() -> str:
         f"sqlite:///{(Path.cwd() / 'mlflow.db').resolve()}"
 
 
+def wandb_mode() -> str:
+    """``$WANDB_MODE``, else ``offline``: nothing leaves the machine unless asked."""
+    return os.environ.get("WANDB_MODE") or "offline"
+
+
+def wandb_dir() -> str:
+    """Where W&B writes its runs (``DIR/wandb/offline-run-*``): ``$WANDB_DIR``, else the
+    working directory, as MLflow's default store."""
+    return os.environ.get("WANDB_DIR") or str(Path.cwd().resolve())
+
+
 def check_trackers(names: tuple[str, ...] | list[str], *, direct_writes: bool) -> None:
     """Refuse, before anything starts, a tracker whose package is missing."""
     import importlib.util
@@ -135,6 +148,10 @@ def tracker_callbacks(names: tuple[str, ...] | list[str], sweep: str) -> list[An
                                         experiment_name=f"qkgeom-{sweep}",
                                         tags={"qkgeom.plan.spec": sweep}))
         elif n == "wandb":
-            os.environ.setdefault("WANDB_MODE", "offline")
-            out.append(mod.WandbLogger(project=f"qkgeom-{sweep}"))
+            # the driver's environment tells Tune's callback not to look for an API key
+            # offline; the mode itself goes to wandb.init in Tune's logging actor, which an
+            # environment variable set here, after Ray started, would not reach
+            os.environ.setdefault("WANDB_MODE", wandb_mode())
+            out.append(mod.WandbLogger(project=f"qkgeom-{sweep}", mode=wandb_mode(),
+                                       dir=wandb_dir()))
     return out
