@@ -65,11 +65,21 @@ def test_wheel_installed_elsewhere_reports_the_same_code_version(tmp_path):
                    env={**os.environ, **OFFLINE})
     env = {**os.environ, "PYTHONPATH": str(site)}
     out = subprocess.run([sys.executable, "-c", "import qkgeom; from qkgeom.sweeps.driver import "
-                          "code_version; print(qkgeom.__file__); print(code_version())"],
+                          "code_version; print(qkgeom.__file__); print(code_version()); "
+                          "from qkgeom.sweeps.provenance import provenance as p; d = p(); "
+                          "print(d['git_commit'], d['git_dirty'])"],
                          cwd="/", env=env, capture_output=True, text=True, check=True)
-    where, version = out.stdout.split()
+    where, version, commit, dirty = out.stdout.split()
     assert where == str(site / "qkgeom" / "__init__.py")
     assert version == shipped.version
+    # the node has no checkout: it reports the commit the wheel was built from (git's own
+    # answer for this checkout), and whether the shipped sources differed from it
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    changed = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "qkgeom",
+                              "migrations", "pyproject.toml"], capture_output=True, text=True,
+                             check=True).stdout.strip()
+    assert (commit, dirty) == (head, str(bool(changed)))
 
 
 def test_derived_file_adds_mounts_and_leaves_the_users_file_alone(tmp_path):

@@ -60,6 +60,13 @@ def _static() -> dict[str, Any]:
     from qkgeom.sweeps.ship import code_version, source_root
 
     commit, dirty = git_state(source_root())
+    if commit is None:  # an installed wheel: the checkout a shipped one was built from
+        try:
+            from qkgeom._shipped import GIT_COMMIT, GIT_DIRTY
+        except ImportError:
+            pass
+        else:
+            commit, dirty = GIT_COMMIT, GIT_DIRTY
     return {"code_version": code_version(), "git_commit": commit, "git_dirty": dirty,
             "python": platform.python_version(), "torch": _version("torch"),
             "ray": _version("ray"), "host": socket.gethostname()}

@@ -8,8 +8,10 @@ builds a wheel of the exact code it runs (:func:`build_wheel`), names it by cont
 syncs ``file_mounts`` to the head and from the head to every worker, including workers the
 autoscaler starts later, and reruns setup commands when their contents change.
 
-The wheel carries ``qkgeom/_shipped.py`` with its version and content hash, so the code
-version a node records (:func:`code_version`) is the shipped wheel's, not the node's guess.
+The wheel carries ``qkgeom/_shipped.py`` with its version, content hash and the git commit
+(and dirty flag) of the checkout it was built from, so the code version and commit a node
+records (:func:`code_version`, :mod:`qkgeom.sweeps.provenance`) are the shipped wheel's,
+not the node's guess.
 No Ray import here: this module is plain files, hashes and YAML.
 """
 
@@ -152,9 +154,13 @@ def build_wheel(out_dir: str | Path) -> Shipped:
     if not n:
         raise ShipError(f"{root / 'pyproject.toml'}: no static version = \"...\" line")
     pp.write_text(text)
+    from qkgeom.sweeps.provenance import git_state
+
+    commit, dirty = git_state(root)  # the checkout's: a node has none of its own
     (src / "qkgeom" / "_shipped.py").write_text(
         '"""Written by qkgeom.sweeps.ship.build_wheel: what this wheel was built from."""\n\n'
-        f'VERSION = "{version}"\nCONTENT_HASH = "{digest}"\n')
+        f'VERSION = "{version}"\nCONTENT_HASH = "{digest}"\n'
+        f'GIT_COMMIT = {commit!r}\nGIT_DIRTY = {dirty!r}\n')
     dist = out / "dist"
     dist.mkdir(exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist), str(src)]
