@@ -192,6 +192,20 @@ def test_page_watches_a_real_smoke_sweep(browser, scratch, wikitext_dir,  # noqa
         assert set(v) <= {"holds", "does not hold", "not enough data"}, v
         n = wait_for(browser, LINES, lambda n: n > 0, "chart line marks")
         assert n == 12  # PR_Q and PR_K per (depth, init, layer): 2 x (1 + 2) x 2 inits
+        # provenance: each trial's code column shows its latest attempt's code version and
+        # commit, the versions and host in its tooltip, as trial_attempts stores them
+        shown = _js(browser, "return Array.from(document.querySelectorAll('#trials tbody tr'))"
+                    ".map(tr => [tr.cells[0].textContent, tr.querySelector('td.code')"
+                    ".textContent, tr.querySelector('td.code').title])")
+        with open_store(url, create=False, readonly=True) as store:
+            last = {r["trial_key"]: r for r in store.attempts("smoke").iter_rows(named=True)}
+        assert len(shown) == 11
+        for key, text, title in shown:
+            a = last[key]
+            assert text.startswith(a["code_version"]), (key, text)
+            if a["git_commit"]:
+                assert f"@ {a['git_commit'][:7]}" in text and f"git {a['git_commit']}" in title
+            assert f"python {a['python']}, torch {a['torch']}, ray {a['ray']}" in title
         shot = tmp_path / "smoke.png"
         assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
     finally:

@@ -35,6 +35,9 @@ TRIAL_COLUMNS = {
     "step": pl.Int64, "max_steps": pl.Int64, "progress": pl.Float64, "val_loss": pl.Float64,
     "test_loss": pl.Float64, "host": pl.String, "device": pl.String, "error": pl.String,
     "stale_s": pl.Float64,
+    # the provenance of the trial's latest attempt (trial_attempts; null before one)
+    "code_version": pl.String, "git_commit": pl.String, "git_dirty": pl.Boolean,
+    "versions": pl.String,
 }
 # columns of the frames that factor columns join (trials, per-trial trajectories, finals,
 # the gap frame): a factor of the same name is the column ``config.NAME`` instead
@@ -63,6 +66,13 @@ def open_study(db: str | None = None, sweep: str | None = None) -> Study:
         store.close()
         raise
     return Study(store, name, owns_store=True)
+
+
+def _versions(attempt: dict[str, Any]) -> str | None:
+    """``python 3.11.7, torch 2.13.0, ray 2.60.0, cuda -`` of an attempt row (None: none)."""
+    if not attempt:
+        return None
+    return ", ".join(f"{k} {attempt.get(k) or '-'}" for k in ("python", "torch", "ray", "cuda"))
 
 
 def _num(v: Any) -> float | None:
@@ -108,7 +118,9 @@ class Study:
         step (latest probe), max_steps, progress (step / max_steps; 1 once terminated),
         val_loss (at the latest probe), test_loss (once finished), host, device, error (the
         last line of the trial's error text), stale_s (a running trial's seconds without a
-        heartbeat once its driver is gone, else null; its error then says so)."""
+        heartbeat once its driver is gone, else null; its error then says so), and the
+        provenance of its latest attempt: code_version, git_commit, git_dirty, versions
+        (``python 3.11.7, torch 2.13.0, ray 2.60.0, cuda -``)."""
         from datetime import datetime, timezone
 
         from qkgeom.store.lease import read_lease
@@ -120,8 +132,10 @@ class Study:
         now = datetime.now(timezone.utc)
         t = self.store.trials(self.name)
         by = self.store.last_probes(self.sweep_id)
+        latest = {a["trial_id"]: a for a in self.store.attempts(self.name).iter_rows(named=True)}
         rows = []
         for r in t.iter_rows(named=True):
+            a = latest.get(r["id"]) or {}
             cfg = json.loads(r["config"]) if r["config"] else {}
             step, val = by.get(int(r["id"]), (None, None))
             max_steps = cfg.get("max_steps")
@@ -142,7 +156,9 @@ class Study:
                 "max_steps": int(max_steps) if max_steps is not None else None,
                 "progress": prog, "val_loss": _num(val), "test_loss": _num(r["test_loss"]),
                 "host": r["host"] or "", "device": r["device"] or "",
-                "error": err[-1] if err else "", "stale_s": stale})
+                "error": err[-1] if err else "", "stale_s": stale,
+                "code_version": a.get("code_version"), "git_commit": a.get("git_commit"),
+                "git_dirty": a.get("git_dirty"), "versions": _versions(a)})
         return self._with_factors(pl.DataFrame(rows, schema=TRIAL_COLUMNS,
                                                orient="row" if rows else None))
 

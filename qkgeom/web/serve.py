@@ -97,7 +97,8 @@ DEFAULT_REFRESH_S = 5
 TRIAL_HEADERS = [("trial_key", "trial"), ("depth", "depth"), ("init", "init"), ("arm", "arm"),
                  ("seed", "seed"), ("status", "status"), ("attempts", "tries"),
                  ("step", "step / max"), ("val_loss", "val loss"), ("test_loss", "test loss"),
-                 ("host", "host"), ("device", "device"), ("error", "error")]
+                 ("host", "host"), ("device", "device"), ("code_version", "code"),
+                 ("error", "error")]
 
 
 # --------------------------------------------------------------------------- the app
@@ -322,7 +323,7 @@ class Server:
                      _status_cell(r["status"], r["stale_s"]),
                      _cell(r["attempts"]), f"<td class='num'>{_e(step)}</td>",
                      _cell(r["val_loss"]), _cell(r["test_loss"]), _cell(r["host"]),
-                     _cell(r["device"]),
+                     _cell(r["device"]), _code_cell(r),
                      _cell(r["error"] if r["status"] != FINISHED else "")]
             body.append("<tr>" + "".join(cells) + "</tr>")
         return ("<table id='trials'><thead><tr>" + "".join(head) + "</tr></thead><tbody>"
@@ -430,6 +431,19 @@ class Server:
                          n_boot=self.n_boot, finished_only=not flag_param(req, "unfinished"))
             text = (Path(d) / "report.html").read_text(encoding="utf-8")
         return HTMLResponse(text)
+
+def _code_cell(r: dict[str, Any]) -> str:
+    """The latest attempt's code: ``0.1.0+h1a2b3c4d @ 5e6f7a8`` (``*``: the checkout had
+    uncommitted changes), the versions and host in its title."""
+    if not r.get("code_version"):
+        return "<td></td>"
+    commit = r.get("git_commit")
+    text = r["code_version"] + (f" @ {commit[:7]}{'*' if r.get('git_dirty') else ''}"
+                                if commit else "")
+    title = "; ".join(x for x in (r["code_version"], commit and f"git {commit}" + (
+        " (uncommitted changes)" if r.get("git_dirty") else ""), r.get("versions")) if x)
+    return f"<td class='code' title='{_e(title)}'>{_e(text)}</td>"
+
 
 def _status_cell(status: str, stale_s: float | None) -> str:
     if stale_s is not None:  # running in the database, but its driver is gone
