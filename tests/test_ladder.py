@@ -219,7 +219,7 @@ def test_the_live_page_groups_and_filters_by_factor(dbs):
         assert re.search(r"<td[^>]*>48</td><td[^>]*>9</td><td[^>]*>9</td>", table), table
         assert "18 of 18" in table and "0 of 18" in table  # (trial, layer) units per width
         assert "<figure id='factor-chart'><svg" in page
-        assert page.count("<th><a href") == 14  # the trial table gains a cell column
+        assert page.count("<th><a href") == 15  # the trial table gains a cell column (and has code)
         one = c.get("/sweeps/ladder?refresh=0&f.n_embd=64&group=cell").text
         trials = one[one.index("id='trials'"):]
         assert trials.count("e64.d2-") == 9 and "e48.d2-" not in trials

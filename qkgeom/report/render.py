@@ -198,7 +198,38 @@ def _scale_rows(store: Store, sweep: str, fin: bool) -> tuple[list[dict[str, Any
     for arm, seeds in sc["arm_seeds"].items():
         rows.append({"setting": f"seeds of arm {arm}", "this study":
                      f"{len(seeds)} ({show(seeds)})", "paper": PAPER_SCALE["arm_seeds"]})
+    rows += code_rows(store, A.sweep_name(sweep))
     return rows, sc
+
+
+def code_rows(store: Store, sweep: str) -> list[dict[str, Any]]:
+    """Rows (setting, this study, paper) for the code that trained the sweep: each
+    distinct qkgeom version and git commit of its trials' latest attempts, with how many
+    trials ran it, then the Python/torch/Ray/CUDA versions and the hosts
+    (``trial_attempts``; none for a database without attempts)."""
+    att = store.attempts(sweep)
+    if att.height == 0:
+        return []
+    latest = att.sort(["trial_id", "attempt"]).unique("trial_id", keep="last",
+                                                      maintain_order=True)
+
+    def counted(values: list[str]) -> str:
+        seen: dict[str, int] = {}
+        for v in values:
+            seen[v] = seen.get(v, 0) + 1
+        return "; ".join(f"{v} ({n} trial{'s' if n != 1 else ''})" for v, n in seen.items())
+
+    code = [f"{r['code_version'] or '?'}" + (
+        f" @ {r['git_commit'][:12]}{' (uncommitted changes)' if r['git_dirty'] else ''}"
+        if r["git_commit"] else " (no git checkout)") for r in latest.iter_rows(named=True)]
+    vers = [", ".join(f"{k} {r[k] or '-'}" for k in ("python", "torch", "ray", "cuda"))
+            for r in latest.iter_rows(named=True)]
+    hosts = [r["host"] or "?" for r in latest.iter_rows(named=True)]
+    return [{"setting": "code (qkgeom @ git commit)", "this study": counted(sorted(code)),
+             "paper": "-"},
+            {"setting": "Python, torch, Ray, CUDA", "this study": counted(sorted(vers)),
+             "paper": "-"},
+            {"setting": "hosts", "this study": counted(sorted(hosts)), "paper": "-"}]
 
 
 def compute_report(store: Store, sweep: str | A.Scope, *, compare: Sequence[str | A.Scope] = (),
