@@ -21,8 +21,9 @@ def planted_report(tmp_path_factory: pytest.TempPathFactory):
     url = "sqlite:///" + str(d / "r.db")
     # six seeds: the two arms sharing a baseline are a family that 2^-n < 0.05 / 2 needs
     make_synthetic_db(url, sweep="planted", seeds=6, link=1.0)
-    write_pretrained_family(url)
-    write_pretrained_family(url, "synthetic/other")
+    # four layers: the link's layer permutation can reach 1/24 < 0.05 (three: 1/6)
+    write_pretrained_family(url, n_layers=4)
+    write_pretrained_family(url, "synthetic/other", n_layers=4)
     out = d / "report"
     r = invoke("report", "--db", url, "--out", str(out))
     assert r.exit_code == 0, r.output

@@ -31,7 +31,7 @@ def study(url: str, *, layers: list[tuple[float, float, float]], seeds=(0,),
           wk: dict[str, list[float]] | None = None,
           path: list[tuple[float, float]] | None = None, steps: list[int] = STEPS,
           seed_k: list[float] | None = None, ent_noise: list[float] | None = None,
-          links: dict[str, bool] | None = None) -> None:
+          links: dict[str, bool] | None = None, seed_q: list[float] | None = None) -> None:
     """A planted sweep "s".
 
     Baseline (arm none): one trial per seed, depth ``len(layers)``, init gaussian. Layer l,
@@ -46,7 +46,7 @@ def study(url: str, *, layers: list[tuple[float, float, float]], seeds=(0,),
     linear trajectories (for the collapse window).
     ``seed_k[i]``: added to seed i's PR_K (and so to its qk_erank and entropy: the
     across-trial variation claim 3 reads); ``ent_noise[i]``: added to seed i's entropy
-    instead of following ``seed_k``.
+    instead of following ``seed_k``; ``seed_q[i]``: added to seed i's PR_Q slope.
     ``drop``: metrics not written. ``pretrained``: model -> [(step, PR_Q - PR_K)], four
     layers per checkpoint with qk_erank = 5 + layer and entropy rising with it
     (``links[model]`` True, the default) or, when False, rising in even and falling in odd
@@ -65,11 +65,12 @@ def study(url: str, *, layers: list[tuple[float, float, float]], seeds=(0,),
         wd = wk[arm][i] if arm != "none" else 0.0
 
         sk = (seed_k or [0.0] * (i + 1))[i]
+        sq = (seed_q or [0.0] * (i + 1))[i]
 
         def f(step: int, layer: int) -> dict[str, float]:
             p = step / MAX_STEPS
             qs, ks, gap = layers[layer]
-            pr_q = 20 + layer + qs * p
+            pr_q = 20 + layer + qs * p + sq * p
             pr_k0 = 20 + layer + qs - gap + ks * (p - 1)  # the baseline's
             if path is not None:
                 pr_q, pr_k0 = path[steps.index(step)]
@@ -114,8 +115,11 @@ def exact_directional(deltas: list[float], sign: int) -> float:
 
 GOOD = (0.14, -0.04, 1.0)  # PR_Q up, PR_K down, PR_Q > PR_K at the end
 FIVE = [0, 1, 2, 3, 4]
-RISE_DECAY_6 = [(0, 0.0), (10, 1.0), (20, 2.0), (30, 1.8), (40, 1.0), (50, 0.5)]
-MONOTONIC_6 = [(s, s / 10) for s in range(0, 60, 10)]
+# 8 checkpoints: 3 rises then 4 falls; the increments in every order rebuild a series as
+# extreme in 3! 4! = 144 of 7! = 5040 orders: p = 0.029
+RISE_DECAY_8 = [(0, 0.0), (10, 1.0), (20, 2.0), (30, 3.0), (40, 2.6), (50, 2.0), (60, 1.2),
+                (70, 0.5)]
+MONOTONIC_8 = [(s, s / 10) for s in range(0, 80, 10)]
 # Late-window trajectories: (PR_Q, PR_K) at progress 0, 0.2, 0.5, 0.8, 1; the late window
 # (progress >= 0.25) holds the last three probes.
 PSTEPS = [0, 2, 5, 8, 10]
@@ -130,31 +134,46 @@ SIX = [0, 1, 2, 3, 4, 5]
 K4 = [0.0, 1.0, 2.0, 3.0]  # four trials' PR_K offsets (claim 3's across-trial variation)
 
 CASES = [
-    # ---- claim 2 (gap): all trajectories positive at the final probe and p = 2^-n < 0.05
-    ("gap-5-of-5", dict(layers=[GOOD] * 5), {"2-gap": HOLDS}),  # p = 1/32
-    ("gap-4-of-4", dict(layers=[GOOD] * 4), {"2-gap": NO_DATA}),  # p = 1/16: too few
+    # ---- claim 2 (gap): every trajectory positive at the final probe, and over seeds (the
+    # unit) each seed's mean final gap positive with sign-test p = P(X >= k) < 0.05
+    ("gap-5-seeds", dict(layers=[GOOD] * 2, seeds=FIVE), {"2-gap": HOLDS}),  # p = 1/32
+    ("gap-4-seeds", dict(layers=[GOOD] * 2, seeds=FIVE[:4]), {"2-gap": NO_DATA}),  # 1/16
+    # 27 positive layers of one seed: the trajectory sign test says 2^-27, but it is one unit
+    ("gap-27-layers-one-seed", dict(layers=[GOOD] * 27), {"2-gap": NO_DATA}),
     ("gap-one-negative-among-15",
-     dict(layers=[GOOD] * 14 + [(0.14, -0.04, -0.5)]), {"2-gap": FAILS}),
-    ("gap-one-exact-zero", dict(layers=[GOOD] * 5 + [(0.14, -0.04, 0.0)]), {"2-gap": FAILS}),
-    ("gap-no-pr-values", dict(layers=[GOOD] * 5, drop=("pr_q", "pr_k")),
+     dict(layers=[GOOD] * 14 + [(0.14, -0.04, -0.5)], seeds=FIVE), {"2-gap": FAILS}),
+    ("gap-one-exact-zero", dict(layers=[GOOD] * 5 + [(0.14, -0.04, 0.0)], seeds=FIVE),
+     {"2-gap": FAILS}),
+    # seed 4's PR_K 2 higher: its gap is 1 - 2 = -1, every trajectory (mean over 5 seeds)
+    # is 1 - 2/5 = 0.6 > 0; 4 of 5 seeds positive: p = 6/32 = 0.19
+    ("gap-one-seed-negative", dict(layers=[GOOD] * 2, seeds=FIVE, seed_k=[0, 0, 0, 0, 2.0]),
+     {"2-gap": FAILS}),
+    ("gap-no-pr-values", dict(layers=[GOOD] * 5, seeds=FIVE, drop=("pr_q", "pr_k")),
      {"2-gap": NO_DATA, "2-slopes": NO_DATA, "2-slopes-late": NO_DATA}),
-    # ---- claim 2 (slopes): sign tests on PR_Q up and PR_K down, each p < 0.05
-    ("slopes-5-of-5", dict(layers=[GOOD] * 5), {"2-slopes": HOLDS}),
-    ("slopes-4-of-4", dict(layers=[GOOD] * 4), {"2-slopes": NO_DATA}),  # n < 5, p = 1/16
-    # 7 of 8 PR_Q slopes up: p = 9/256 = 0.035 (just below 0.05)
-    ("slopes-7-of-8", dict(layers=[GOOD] * 7 + [(-0.1, -0.04, 1.0)]), {"2-slopes": HOLDS}),
-    # 6 of 7 up: p = 8/128 = 0.0625 (just above)
-    ("slopes-6-of-7", dict(layers=[GOOD] * 6 + [(-0.1, -0.04, 1.0)]), {"2-slopes": FAILS}),
-    ("slopes-pr-k-expands", dict(layers=[(0.14, 0.04, 1.0)] * 5), {"2-slopes": FAILS}),
+    # ---- claim 2 (slopes): over seeds, mean PR_Q slope up and mean PR_K slope down, each
+    # sign-test p < 0.05
+    ("slopes-5-seeds", dict(layers=[GOOD] * 2, seeds=FIVE), {"2-slopes": HOLDS}),  # 1/32
+    ("slopes-4-seeds", dict(layers=[GOOD] * 2, seeds=FIVE[:4]), {"2-slopes": NO_DATA}),
+    ("slopes-27-layers-one-seed", dict(layers=[GOOD] * 27), {"2-slopes": NO_DATA}),
+    # 6 seeds all up: 1/64; seed 5's PR_Q slope 0.14 - 0.5 < 0: 5 of 6, p = 7/64 = 0.11
+    ("slopes-6-of-6-seeds", dict(layers=[GOOD], seeds=SIX), {"2-slopes": HOLDS}),
+    ("slopes-5-of-6-seeds", dict(layers=[GOOD], seeds=SIX, seed_q=[0, 0, 0, 0, 0, -0.5]),
+     {"2-slopes": FAILS}),
+    ("slopes-pr-k-expands", dict(layers=[(0.14, 0.04, 1.0)] * 2, seeds=FIVE),
+     {"2-slopes": FAILS}),
     # ---- claim 2 (slopes from progress 0.25): same rule over the late window
-    ("late-good", dict(layers=[GOOD] * 5), {"2-slopes": HOLDS, "2-slopes-late": HOLDS}),
-    ("late-dip-then-rise", dict(layers=[GOOD] * 5, path=DIP_THEN_RISE, steps=PSTEPS),
-     {"2-slopes": FAILS, "2-slopes-late": HOLDS}),  # 5 of 5 up: p = 1/32
-    ("late-dip-then-rise-4", dict(layers=[GOOD] * 4, path=DIP_THEN_RISE, steps=PSTEPS),
-     {"2-slopes-late": NO_DATA}),  # 4 of 4 up: p = 1/16 and n < 5
-    ("late-collapse-at-half", dict(layers=[GOOD] * 5, path=COLLAPSE_AT_HALF, steps=PSTEPS),
+    ("late-good", dict(layers=[GOOD] * 2, seeds=FIVE),
+     {"2-slopes": HOLDS, "2-slopes-late": HOLDS}),
+    ("late-dip-then-rise", dict(layers=[GOOD] * 2, seeds=FIVE, path=DIP_THEN_RISE,
+                                steps=PSTEPS),
+     {"2-slopes": FAILS, "2-slopes-late": HOLDS}),  # 5 of 5 seeds up: p = 1/32
+    ("late-dip-then-rise-4", dict(layers=[GOOD] * 2, seeds=FIVE[:4], path=DIP_THEN_RISE,
+                                  steps=PSTEPS),
+     {"2-slopes-late": NO_DATA}),  # 4 seeds: p = 1/16 at best
+    ("late-collapse-at-half", dict(layers=[GOOD] * 2, seeds=FIVE, path=COLLAPSE_AT_HALF,
+                                   steps=PSTEPS),
      {"2-slopes": FAILS, "2-slopes-late": HOLDS}),
-    ("late-fall", dict(layers=[GOOD] * 5, path=LATE_FALL, steps=PSTEPS),
+    ("late-fall", dict(layers=[GOOD] * 2, seeds=FIVE, path=LATE_FALL, steps=PSTEPS),
      {"2-slopes": FAILS, "2-slopes-late": FAILS}),  # 0 of 5 up: p = 1
     # ---- claim 3: across baseline trials at the same step and layer, PR_K with qk_erank
     # and with entropy, permutation p < 0.05 each. One depth: the smallest p is 1/n!
@@ -223,20 +242,20 @@ CASES = [
      {"reality-check-act": FAILS, "4-shrink_act": HOLDS}),
     ("act-keys-no-pr-k", dict(layers=[GOOD], seeds=FIVE, arms={"shrink_act": [-0.3] * 5},
                               drop=("pr_k",)), {"reality-check-act": NO_DATA}),
-    # ---- claim 5: several models (>= 2, binomial tail < 0.05) with >= 6 checkpoints rise
-    # in the first half and decay in the second (exact permutation p: 20/720 = 0.028 for
-    # the most extreme order) and show the within-checkpoint rank-entropy link (1/64)
-    ("pre-two-models", dict(layers=[GOOD], pretrained={"m/a": RISE_DECAY_6,
-                                                       "m/b": RISE_DECAY_6}), {"5": HOLDS}),
-    ("pre-one-model", dict(layers=[GOOD], pretrained={"m/a": RISE_DECAY_6}), {"5": NO_DATA}),
-    ("pre-5-checkpoints", dict(layers=[GOOD], pretrained={"m/a": RISE_DECAY_6[:5],
-                                                          "m/b": RISE_DECAY_6[:5]}),
+    # ---- claim 5: several models (>= 2, each at 2 x 0.05 / models) with >= 8 checkpoints
+    # rise in the first half and decay in the second (p = 144/5040 against rebuilt series)
+    # and show the within-checkpoint rank-entropy link (4 layers permuted: p = 1/24)
+    ("pre-two-models", dict(layers=[GOOD], pretrained={"m/a": RISE_DECAY_8,
+                                                       "m/b": RISE_DECAY_8}), {"5": HOLDS}),
+    ("pre-one-model", dict(layers=[GOOD], pretrained={"m/a": RISE_DECAY_8}), {"5": NO_DATA}),
+    ("pre-7-checkpoints", dict(layers=[GOOD], pretrained={"m/a": RISE_DECAY_8[:7],
+                                                          "m/b": RISE_DECAY_8[:7]}),
      {"5": NO_DATA}),
-    ("pre-monotonic", dict(layers=[GOOD], pretrained={"m/a": MONOTONIC_6,
-                                                      "m/b": MONOTONIC_6}), {"5": FAILS}),
-    ("pre-one-rises", dict(layers=[GOOD], pretrained={"m/a": RISE_DECAY_6,
-                                                      "m/b": MONOTONIC_6}), {"5": FAILS}),
-    ("pre-no-link", dict(layers=[GOOD], pretrained={"m/a": RISE_DECAY_6, "m/b": RISE_DECAY_6},
+    ("pre-monotonic", dict(layers=[GOOD], pretrained={"m/a": MONOTONIC_8,
+                                                      "m/b": MONOTONIC_8}), {"5": FAILS}),
+    ("pre-one-rises", dict(layers=[GOOD], pretrained={"m/a": RISE_DECAY_8,
+                                                      "m/b": MONOTONIC_8}), {"5": FAILS}),
+    ("pre-no-link", dict(layers=[GOOD], pretrained={"m/a": RISE_DECAY_8, "m/b": RISE_DECAY_8},
                          links={"m/a": False, "m/b": False}), {"5": FAILS}),
     ("pre-none", dict(layers=[GOOD]), {"5": NO_DATA}),
 ]
@@ -267,8 +286,13 @@ def test_verdict_matrix(case, planted, expected, tmp_path):
             deltas = planted["arms"][arm]
             dc = claims[k]["numbers"]["directional_confidence"]
             assert dc == pytest.approx(exact_directional(deltas, -1), abs=0.004)
-    # every verdict states its rule's measured error rate
-    assert all(c["rule_error"] for c in rep["claims"])
+    # every decided verdict states its rule's measured error rate from the record
+    from qkgeom.stats import calibration
+
+    for c in rep["claims"]:
+        if c["verdict"] != NO_DATA:
+            assert c["key"] in calibration.CLAIM_RULES, c["key"]
+            assert not c["rule_error"].startswith("not calibrated"), (c["key"], c["rule_error"])
 
 
 def test_every_claim_has_every_verdict_in_the_matrix():

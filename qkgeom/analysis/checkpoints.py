@@ -78,6 +78,7 @@ def checkpoint_trend(store: Store, model: str, *, link_x: str = "qk_erank",
                               rng=make_rng(0))
         link = {"x": link_x, "y": link_y, **r.to_dict()}
         slink = rules.stratified_link(lw[link_x].to_numpy(), lw[link_y].to_numpy(),
-                                      lw["revision"].to_numpy(), rng=make_rng(0, 6))
+                                      lw["revision"].to_numpy(), lw["layer"].to_numpy(),
+                                      rng=make_rng(0, 6))
     return CheckpointTrendReport(model, overall, by_layer, link, int(w["layer"].n_unique()),
                                  split, slink)

@@ -258,7 +258,7 @@ def key_check(store: Store, sweep: str, *, arm: str, baseline: str = BASELINE_AR
                   "arm_mean": float(np.nanmean(p.table["arm_value"].to_numpy())),
                   "baseline_mean": float(np.nanmean(p.table["baseline_value"].to_numpy())),
                   "mean_delta": float(d.mean()), "n_lower": int((d < 0).sum()),
-                  "n_higher": int((d > 0).sum()),
+                  "n_higher": int((d > 0).sum()), "deltas": d.tolist(),
                   "relative_delta": float(d.mean() / np.nanmean(
                       p.table["baseline_value"].to_numpy()))}
     return out

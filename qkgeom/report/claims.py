@@ -14,8 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 from qkgeom import analysis as A
 from qkgeom.errors import QkgeomError
+from qkgeom.report.claim_rules import RULES, calibration_header  # noqa: F401 (RULES re-exported)
 from qkgeom.stats import calibration
 from qkgeom.stats import rules as R
+from qkgeom.stats.effects import sign_test
 
 if TYPE_CHECKING:
     from qkgeom.store import Store
@@ -24,41 +26,9 @@ HOLDS, FAILS, NO_DATA = R.HOLDS, R.FAILS, R.NO_DATA
 ALPHA = R.ALPHA  # the error rate every rule is calibrated to (docs/statistics.md)
 HIGH_CONFIDENCE = 0.95  # the paper's "high directional confidence" (reported, not a rule)
 # Reality checks need every seed in the predicted direction to be unlikely by chance
-# (2^-n < ALPHA); claim 4's family needs stats.rules.min_seeds(arms) seeds.
-MIN_SEEDS = 5
-
-RULES = [
-    "Every rule is calibrated: under null models close to the study's data its rate of "
-    f"false 'holds' is measured, and a rule is only used if that rate is not shown to exceed "
-    f"{ALPHA:.0%} (benchmarks/calibration.py; each verdict shows its rule's measured rate and "
-    "power).",
-    "Claim 2 (gap): holds if PR_Q - PR_K > 0 at the final probe in every trajectory "
-    f"(the paper's 'all 54') with one-sided sign-test p < {ALPHA}; does not hold if any "
-    "trajectory is <= 0.",
-    "Claim 2 (slopes): holds if PR_Q slopes are positive and PR_K slopes negative, each in a "
-    f"majority significant by the one-sided sign test (p < {ALPHA} each). '2-slopes' fits "
-    f"each trajectory from step 0; '2-slopes-late' from training progress {R.LATE_FROM:g}, "
-    "a window fixed in advance (after warm-up and the initial collapse), same rule.",
-    "Claim 3: on the baseline arm after step 0, the Spearman correlations of PR_K with the "
-    "interaction rank and with attention entropy, taken across trials at the same step, "
-    "depth and layer (so a training-time trend or layer profile both share cannot make "
-    f"them), are each positive with a one-sided trial-permutation p < {ALPHA}.",
-    "Claim 4: per arm, an exact sign-flip permutation test of the mean paired entropy delta "
-    "in the predicted direction; the arms that share a baseline are one family (Holm), and "
-    f"an arm holds if its adjusted p < {ALPHA}. With fewer paired seeds than the family "
-    "needs (2^-n < alpha / arms), not enough data. The paper's directional confidence is "
-    "reported beside it.",
-    "Reality check: a contracting arm did its job if, at the site it acts on, its "
-    "end-of-training value is below the paired baseline's in every seed (at least "
-    f"{MIN_SEEDS} seeds): W_K weight PR for 'shrink', key-activation PR_K for 'shrink_act'.",
-    f"Claim 5: per model with >= {R.MIN_CHECKPOINTS} checkpoints, 'rises then decays' = Spearman of PR_Q - PR_K "
-    "(mean over layers) vs step > 0 in the first half of the checkpoints and < 0 in the "
-    f"second, with a permutation p < {ALPHA}; the rank-entropy link = Spearman of the "
-    "interaction rank with entropy across layers within each checkpoint, pooled, sign-flip "
-    f"p < {ALPHA} over checkpoints. Holds if several models show both: at least two, and that "
-    f"many passing by chance has probability < {ALPHA}.",
-]
-
+# (2^-n < ALPHA, stats.rules.all_lower_rule); claim 4's family needs
+# stats.rules.min_seeds(arms) seeds.
+MIN_SEEDS = R.min_seeds(1)
 
 @dataclass
 class Claim:
@@ -118,10 +88,15 @@ def gap_claims(store: Store, sweep: str, fin: bool) -> ClaimSet:
     except QkgeomError as e:
         return ClaimSet([Claim("2-gap", paper, str(e), NO_DATA)])
     r = reps["final"].result
-    verdict = R.gap_rule(reps["final"].units["value"].to_numpy())
+    rf = A.summarise_gap(run_units, summary="final", level="run")
+    seed_gaps = R.seed_means(rf["value"].to_numpy(), rf["seed"].to_numpy())
+    by_seed = sign_test(seed_gaps)
+    verdict = R.seed_gap_rule(reps["final"].units["value"].to_numpy(), seed_gaps)
     a, m = reps["all"].result, reps["mean"].result
     measured = (f"{r.n_positive} of {r.n} trajectories positive at the final probe, "
-                f"p = {A.fmt(r.p_value)}; every probe after step 0 positive in "
+                f"p = {A.fmt(r.p_value)} (the paper's statistic); the verdict's unit, the "
+                f"seed: mean final gap positive in {by_seed.n_positive} of {by_seed.n} "
+                f"seeds, sign test p = {A.fmt(by_seed.p_value)}; every probe after step 0 positive in "
                 f"{a.n_positive} of {a.n}; mean over probes positive in {m.n_positive} of "
                 f"{m.n}; run level (final): {run.result.n_positive} of {run.result.n} "
                 f"(trial, layer) units, p = {A.fmt(run.result.p_value)}; from progress "
@@ -135,15 +110,17 @@ def gap_claims(store: Store, sweep: str, fin: bool) -> ClaimSet:
         section.tables.append(("trajectories with PR_Q - PR_K <= 0", neg.to_dicts()))
     claim = Claim("2-gap", paper, measured, verdict, {
         s: reps[s].result.to_dict() for s in A.SUMMARIES} | {"run_final": run.result.to_dict()}
-        | {f"late_{s}": after[s].result.to_dict() for s in after})
-    return ClaimSet([claim], [section], {"units": units, "gap_by_trend_window": {
-        "start": reps, "late": after}})
+        | {f"late_{s}": after[s].result.to_dict() for s in after}
+        | {"by_seed": by_seed.to_dict() | {"seed_means": seed_gaps.tolist()}})
+    return ClaimSet([claim], [section], {"units": units, "run_units": run_units,
+                                         "gap_by_trend_window": {"start": reps, "late": after}})
 
 
 def slope_claim(store: Store, sweep: str, fin: bool, *, units: Any = None,
-                window: str = "start") -> ClaimSet:
-    """Claim 2 (slopes) over one trend window. ``units``: trajectory units already read.
-    Frames: ``slopes`` ({window: report})."""
+                window: str = "start", run_units: Any = None) -> ClaimSet:
+    """Claim 2 (slopes) over one trend window, decided over seeds (each seed's mean slope
+    over its (trial, layer) units). ``units`` / ``run_units``: trajectory and run units
+    already read. Frames: ``slopes`` ({window: report})."""
     from qkgeom import stats
 
     key = "2-slopes" if window == "start" else f"2-slopes-{window}"  # 2-slopes-late
@@ -151,23 +128,33 @@ def slope_claim(store: Store, sweep: str, fin: bool, *, units: Any = None,
              "unit of training progress (unit unknown)")
     try:
         rep = A.slopes(store, sweep, finished_only=fin, units=units, window=window)
+        run = A.slopes(store, sweep, level="run", finished_only=fin, units=run_units,
+                       window=window).table
     except QkgeomError as e:
         return ClaimSet([Claim(key, paper, str(e), NO_DATA)])
     q = stats.sign_test(rep.pr_q.slopes)
     k = stats.sign_test(rep.pr_k.slopes, predicted_sign=-1)
-    verdict = R.slopes_rule(rep.pr_q.slopes, rep.pr_k.slopes)
+    sq, sk = (R.seed_means(run[c].to_numpy(), run["seed"].to_numpy())
+              for c in ("slope_pr_q", "slope_pr_k"))
+    q_s, k_s = stats.sign_test(sq), stats.sign_test(sk, predicted_sign=-1)
+    verdict = R.seed_slopes_rule(sq, sk)
     measured = (f"PR_Q slope mean {A.fmt(rep.pr_q.mean)} (median {A.fmt(rep.pr_q.median)}), "
                 f"positive in {q.n_positive} of {q.n} (p = {A.fmt(q.p_value)}); PR_K slope "
                 f"mean {A.fmt(rep.pr_k.mean)} (median {A.fmt(rep.pr_k.median)}), negative in "
-                f"{k.n_positive} of {k.n} (p = {A.fmt(k.p_value)}); per unit of progress = "
-                f"step / max_steps; {A.window_label(window)}")
+                f"{k.n_positive} of {k.n} (p = {A.fmt(k.p_value)}) trajectories; the "
+                f"verdict's unit, the seed: mean PR_Q slope positive in {q_s.n_positive} of "
+                f"{q_s.n} seeds (p = {A.fmt(q_s.p_value)}), mean PR_K slope negative in "
+                f"{k_s.n_positive} of {k_s.n} (p = {A.fmt(k_s.p_value)}); per unit of "
+                f"progress = step / max_steps; {A.window_label(window)}")
     title = "Slopes against training progress, by depth and init"
     section = Section(title if window == "start" else f"{title}, {A.window_label(window)}",
                       tables=[("", rep.by_cell.to_dicts())])
     d = rep.to_dict()
     claim = Claim(key, paper, measured, verdict,
                   {"pr_q": d["pr_q"], "pr_k": d["pr_k"], "sign_pr_q_up": q.to_dict(),
-                   "sign_pr_k_down": k.to_dict(), "window": window})
+                   "sign_pr_k_down": k.to_dict(), "window": window,
+                   "by_seed": {"pr_q_up": q_s.to_dict(), "pr_k_down": k_s.to_dict(),
+                               "pr_q_seed_means": sq.tolist(), "pr_k_seed_means": sk.tolist()}})
     return ClaimSet([claim], [section], {"slopes": {window: rep}})
 
 
@@ -423,7 +410,7 @@ def _reality_check(keys: dict[str, Any], arm: str = "shrink") -> Claim:
     kc = keys.get(arm)
     if not kc:
         return Claim(key, paper, f"no paired {arm}/baseline runs", NO_DATA)
-    parts, ok, missing = [], True, False
+    parts, site, missing = [], NO_DATA, False
     for m, label in (("pr_wk", "W_K weight PR"), ("pr_k", "key-activation PR_K")):
         v = kc.get(m, {})
         if "error" in v or not v:
@@ -436,14 +423,13 @@ def _reality_check(keys: dict[str, Any], arm: str = "shrink") -> Claim:
                      f"{v['n_seeds']} seeds" + (" [the site it acts on]"
                                                  if m == site_metric else ""))
         if m == site_metric:
-            ok &= v["n_lower"] == v["n_seeds"] and v["n_seeds"] > 0
-            missing |= v["n_seeds"] < MIN_SEEDS
+            site = R.all_lower_rule(v.get("deltas", []))
     hold = keys.get("hold") or {}
     if arm == "shrink" and "pr_wk" in hold and "error" not in hold["pr_wk"]:
         v = hold["pr_wk"]
         parts.append(f"(hold: W_K weight PR {A.fmt(v['arm_mean'])} vs baseline "
                      f"{A.fmt(v['baseline_mean'])})")
-    verdict = NO_DATA if missing else (HOLDS if ok else FAILS)
+    verdict = NO_DATA if missing else site
     return Claim(key, paper, "; ".join(parts), verdict, {arm: kc, "hold": keys.get("hold")})
 
 
@@ -482,18 +468,19 @@ def pretrained_claim(store: Store) -> ClaimSet:
         verdict, measured = NO_DATA, (f"no model has at least {R.MIN_CHECKPOINTS} checkpoints "
                                       "with a known step")
     else:
-        n_rd = sum(bool((r.get("split_trend") or {}).get("rises_then_decays"))
-                   for r in trend.values())
-        n_link = sum(bool((r.get("stratified_link") or {}).get("holds"))
-                     for r in trend.values())
         m = len(trend)
-        v_trend, v_link = R.several_rule(n_rd, m), R.several_rule(n_link, m)
+        level = R.several_level(m)
+        p_rd = [R.trend_p(r.get("split_trend")) for r in trend.values()]
+        p_link = [(r.get("stratified_link") or {}).get("p_value", 1.0) for r in trend.values()]
+        n_rd, n_link = sum(p < level for p in p_rd), sum(p < level for p in p_link)
+        v_trend, v_link = R.several_rule(p_rd), R.several_rule(p_link)
         verdict = (NO_DATA if NO_DATA in (v_trend, v_link) else
                    HOLDS if v_trend == v_link == HOLDS else FAILS)
         measured = (f"{n_rd} of {m} models with >= {R.MIN_CHECKPOINTS} checkpoints rise then "
-                    f"decay (first vs second half, permutation p < {ALPHA}) and {n_link} of {m} "
-                    "show the rank-entropy link (within-checkpoint Spearman, sign-flip p < "
-                    f"{ALPHA}); 'several' needs >= 2 and P(that many by chance) < {ALPHA}; "
+                    f"decay (first vs second half, p < {A.fmt(level)} against series rebuilt "
+                    f"from their own increments) and {n_link} of {m} show the rank-entropy "
+                    f"link (within-checkpoint Spearman, whole layers permuted, p < "
+                    f"{A.fmt(level)}); 'several' needs >= 2, each model at 2 x {ALPHA} / {m}; "
                     + "; ".join(
                         f"{name}: rho early {A.fmt(r['split_trend']['rho_early'])}, late "
                         f"{A.fmt(r['split_trend']['rho_late'])}, p = "
@@ -520,8 +507,8 @@ def compute_claims(store: Store, sweep: str, *, seed: int = 0, n_boot: int = 10_
     with the report's sections (the trend-windows table first) and the frames read."""
     fin = finished_only
     gap = gap_claims(store, sweep, fin)
-    units = gap.frames.get("units")
-    by_window = [slope_claim(store, sweep, fin, units=units, window=w)
+    units, run_units = gap.frames.get("units"), gap.frames.get("run_units")
+    by_window = [slope_claim(store, sweep, fin, units=units, window=w, run_units=run_units)
                  for w in ("start", "late")]
     out = ClaimSet()
     for part in (gap, *by_window):
@@ -548,9 +535,9 @@ def grid_verdicts(store: Store, sweep: str, *, seed: int = 0,
     claim 3), without the arms, the pretrained checkpoints or any table: what a seed's
     trials say by themselves (:func:`qkgeom.report.compare.seed_stability`)."""
     gap = gap_claims(store, sweep, finished_only)
-    units = gap.frames.get("units")
-    parts = [gap, *(slope_claim(store, sweep, finished_only, units=units, window=w)
-                    for w in ("start", "late")),
+    units, run_units = gap.frames.get("units"), gap.frames.get("run_units")
+    parts = [gap, *(slope_claim(store, sweep, finished_only, units=units, window=w,
+                                run_units=run_units) for w in ("start", "late")),
              correlation_claim(store, sweep, finished_only, seed)]
     return {c.key: c.verdict for part in parts for c in part.claims}
 
@@ -566,29 +553,3 @@ def _seeds_of(c: Claim) -> int | None:
             if isinstance(site, dict) and "n_seeds" in site:
                 return int(site["n_seeds"])
     return None
-
-
-def calibration_header(record: dict[str, Any] | None) -> str:
-    """The report's line on how the rules were calibrated."""
-    if record is None:
-        return ("The rules' error rates were not recorded in this installation "
-                "(run `python benchmarks/calibration.py`).")
-    nulls = [r for r in record.get("rows", [])
-             if r.get("kind") == "null" and "retired" not in r.get("rule", "")]
-    over = [r for r in nulls if r["ci_low"] > ALPHA or r["ci_high"] > 0.07]
-    top = max(nulls, key=lambda r: r["rate"], default=None)
-    if over:
-        verdict = ("rules over the limits (a 95% Monte Carlo interval wholly above "
-                   f"{ALPHA:.0%}, or reaching past 7%): "
-                   + ", ".join(f"{r['rule']} ({r['scenario']}, {r['rate']:.1%})" for r in over))
-    else:
-        verdict = (f"no rule's false-holds rate is shown to exceed {ALPHA:.0%} under its "
-                   "nulls" + (f" (the largest estimate: {top['rule']}, {top['scenario']}, "
-                              f"{top['rate']:.1%} [{top['ci_low']:.1%}, {top['ci_high']:.1%}])"
-                              if top else ""))
-    return (f"The rules behind these verdicts were calibrated on simulated null and "
-            "planted-effect studies by "
-            f"benchmarks/calibration.py at commit {record['commit'][:12]}"
-            f"{' (uncommitted changes)' if record.get('dirty') else ''} ({record['date']}, "
-            f"{record['reps']} studies per claim-4 scenario): {verdict}; each verdict shows "
-            "its rule's rate.")

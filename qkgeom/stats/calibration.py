@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 
 from qkgeom.stats import rules as R
-from qkgeom.stats.effects import collapse_index, directional_confidence, slopes
+from qkgeom.stats.effects import directional_confidence
+from qkgeom.stats.hard_nulls import hard_rows
 from qkgeom.stats.rank_correlation import spearman_ci
 
 PROGRESS = np.arange(16) / 15  # the cpu preset: 1,500 steps, a probe every 100
@@ -64,45 +65,6 @@ def _ar1(rng: np.random.Generator, shape: tuple[int, ...], phi: float = 0.6,
     for j in range(1, shape[-1]):
         out[..., j] = phi * out[..., j - 1] + e[..., j]
     return out
-
-
-def trajectories(rng: np.random.Generator, *, drift: bool = False, slope: float = 0.0,
-                 offset: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """PR_Q and PR_K per trajectory (UNITS x probes), each the mean over GRID_SEEDS seeds.
-    ``slope``: planted +slope (PR_Q) and -slope (PR_K) per unit of progress;
-    ``offset``: planted PR_Q - PR_K after the collapse."""
-    shape = (UNITS, GRID_SEEDS, PROGRESS.size)
-    collapse = np.exp(-PROGRESS / 0.03)
-
-    def one() -> np.ndarray:
-        floor = rng.uniform(2, 5, (UNITS, GRID_SEEDS, 1))
-        return floor + (17 - floor) * collapse + _ar1(rng, shape)
-
-    q, k = one(), one()
-    if drift:
-        c = rng.normal(0, 1, (UNITS, 1, 1)) * PROGRESS
-        q, k = q + c, k + c
-    after = 1 - collapse
-    q = q + slope * PROGRESS + offset * after
-    k = k - slope * PROGRESS
-    return q.mean(axis=1), k.mean(axis=1)
-
-
-def _window_slopes(q: np.ndarray, k: np.ndarray, start: np.ndarray) -> tuple[Any, Any]:
-    ps = [PROGRESS[s:] for s in start]
-    return (slopes(ps, [q[i, s:] for i, s in enumerate(start)]).slopes,
-            slopes(ps, [k[i, s:] for i, s in enumerate(start)]).slopes)
-
-
-def claim2_verdicts(q: np.ndarray, k: np.ndarray) -> dict[str, str]:
-    """The claim-2 rules on one simulated study, plus the retired argmin window."""
-    zero = np.zeros(UNITS, dtype=int)
-    late = np.full(UNITS, int(np.searchsorted(PROGRESS, R.LATE_FROM - 1e-12)))
-    argmin = np.array([collapse_index(PROGRESS, q[i] + k[i]) for i in range(UNITS)])
-    return {"2-gap": R.gap_rule(q[:, -1] - k[:, -1]),
-            "2-slopes": R.slopes_rule(*_window_slopes(q, k, zero)),
-            "2-slopes-late": R.slopes_rule(*_window_slopes(q, k, late)),
-            "2-slopes-collapse (retired)": R.slopes_rule(*_window_slopes(q, k, argmin))}
 
 
 # --------------------------------------------------------------------------- claim 3
@@ -194,44 +156,6 @@ def claim4_retired(rng: np.random.Generator, d: dict[str, np.ndarray]) -> dict[s
         for a in ARMS}
 
 
-# --------------------------------------------------------------------------- claim 5
-
-MODELS = 3
-
-
-def claim5_trend(rng: np.random.Generator, n: int, amplitude: float = 0.0,
-                 n_perm: int = 999) -> tuple[int, list[bool]]:
-    """Per model, whether its series rises then decays (split_trend); planted: a tent
-    peaking at 0.4 of the series with height ``amplitude`` (noise sd 1)."""
-    x = np.arange(n) / max(n - 1, 1)
-    tent = amplitude * np.where(x <= 0.4, x / 0.4, (1 - x) / 0.6)
-    oks = [R.split_trend(np.arange(n), tent + rng.normal(0, 1, n), rng=rng,
-                         n_perm=n_perm).rises_then_decays for _ in range(MODELS)]
-    return sum(oks), oks
-
-
-def claim5_retired(rng: np.random.Generator, n: int) -> bool:
-    """The retired rule: split at the argmax, 'holds if at least one model'."""
-    from qkgeom.stats.trend import checkpoint_trend
-
-    return any(checkpoint_trend(np.arange(n), rng.normal(0, 1, n)).rises_then_decays
-               for _ in range(MODELS))
-
-
-def link_holds(rng: np.random.Generator, n_ckpt: int, rho: float = 0.0, layers: int = 12,
-               n_boot: int = 1000) -> bool:
-    """One model's rank-entropy link (:func:`rules.stratified_link`). Null: the two
-    metrics share a training-time trend and have checkpoint effects, independent across
-    layers within a checkpoint; planted: within-checkpoint correlation ``rho``."""
-    trend = np.linspace(3, 0, n_ckpt)[:, None]
-    cx, cy = rng.normal(0, 1, (n_ckpt, 1)), rng.normal(0, 1, (n_ckpt, 1))
-    e1 = rng.normal(0, 1, (n_ckpt, layers))
-    e2 = rho * e1 + math.sqrt(1 - rho * rho) * rng.normal(0, 1, (n_ckpt, layers))
-    x, y = trend + cx + e1, trend + cy + e2
-    return R.stratified_link(x.ravel(), y.ravel(), np.repeat(np.arange(n_ckpt), layers),
-                             rng=rng, n_boot=n_boot).holds
-
-
 # --------------------------------------------------------------------------- the table
 
 
@@ -260,18 +184,6 @@ def calibrate(reps: int = 2000, *, seed: int = 0, retired: bool = True,
         say(f"{r['rule']:<28} {r['scenario']:<34} {r['rate']:.3f} "
             f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]")
 
-    claim2 = list(claim2_verdicts(*trajectories(rng)))
-    for name in claim2:
-        for scen, kw in (("collapse-flat", {}), ("collapse-shared-drift", {"drift": True})):
-            add(name, scen, "null", "-", slow,
-                lambda g, kw=kw, name=name: claim2_verdicts(*trajectories(g, **kw))[name]
-                == R.HOLDS)
-    add("2-gap", "collapse-flat + PR_Q 3 above PR_K", "power", "offset 3 (7.5 noise sd)",
-        slow, lambda g: claim2_verdicts(*trajectories(g, offset=3.0))["2-gap"] == R.HOLDS)
-    for name in ("2-slopes", "2-slopes-late", "2-slopes-collapse (retired)"):
-        add(name, "collapse-flat + slopes +-1", "power", "slope 1 per run (2.5 sd)", slow,
-            lambda g, name=name: claim2_verdicts(*trajectories(g, slope=1.0))[name]
-            == R.HOLDS)
     add("3", "trials-shared-trend", "null", "-", reps,
         lambda g: claim3_verdict(g) == R.HOLDS)
     add("3", "trials-shared-trend, only the rank linked (rho 0.9)", "null", "-", reps,
@@ -295,26 +207,12 @@ def calibrate(reps: int = 2000, *, seed: int = 0, retired: bool = True,
         add("4-shrink (retired DC>=0.95)", f"paired-null, {ARM_SEEDS} seeds", "null", "-",
             max(reps // 2, 50), lambda g: claim4_retired(g, arm_deltas(g, ARM_SEEDS))[
                 "shrink"] == R.HOLDS)
-    for n in (ARM_SEEDS, 8):
+    for n in (ARM_SEEDS, 6, 8, 10):
         add("reality-check", f"paired-null, {n} seeds", "null", "-", reps,
             lambda g, n=n: R.all_lower_rule(g.normal(0, 1, n)) == R.HOLDS)
         add("reality-check", f"paired, {n} seeds, effect 2 sd", "power", "2 sd", reps,
             lambda g, n=n: R.all_lower_rule(g.normal(-2, 1, n)) == R.HOLDS)
-    for n in (6, 8, 10, 15, 20, 30):
-        add("5 (one model)", f"iid-checkpoints, {n}", "null", "-", slow,
-            lambda g, n=n: claim5_trend(g, n)[1][0])
-        add("5-trend (several of 3)", f"iid-checkpoints, {n}", "null", "-", slow,
-            lambda g, n=n: R.several_rule(claim5_trend(g, n)[0], MODELS) == R.HOLDS)
-        add("5-trend (several of 3)", f"tent 3 sd, {n} checkpoints", "power", "3 sd", slow,
-            lambda g, n=n: R.several_rule(claim5_trend(g, n, 3.0)[0], MODELS) == R.HOLDS)
-        if retired:
-            add("5 (retired)", f"iid-checkpoints, {n}", "null", "-", reps,
-                lambda g, n=n: claim5_retired(g, n))
-    for n in (6, 10, 30):
-        add("5-link (one model)", f"shared trend, {n} checkpoints", "null", "-", 2 * reps,
-            lambda g, n=n: link_holds(g, n, n_boot=200))
-        add("5-link (one model)", f"rho 0.3, {n} checkpoints", "power", "rho 0.3", slow,
-            lambda g, n=n: link_holds(g, n, 0.3))
+    hard_rows(add, reps, retired)
     return rows
 
 
@@ -325,7 +223,7 @@ CLAIM_RULES = {"2-gap": ["2-gap"], "2-slopes": ["2-slopes"], "2-slopes-late": ["
                "3": ["3"], **{f"4-{a}": [f"4-{b}" for b in ARMS] + ["4 (any arm)"] for a in ARMS},
                "reality-check": ["reality-check"],
                "reality-check-act": ["reality-check"],
-               "5": ["5-trend (several of 3)", "5-link (one model)"]}
+               "5": ["5"]}
 
 
 def load_record() -> dict[str, Any] | None:

@@ -5,17 +5,21 @@ measures under null models and ``benchmarks/calibration.py`` records.
 :mod:`qkgeom.report.claims` reads the database and calls these; the calibration calls the same
 functions on simulated data, so what is calibrated is what decides the report.
 
-* :func:`gap_rule` (claim 2-gap), :func:`slopes_rule` (2-slopes, from step 0 and from the
-  pre-specified progress :data:`LATE_FROM`).
+* :func:`seed_gap_rule` (claim 2-gap) and :func:`seed_slopes_rule` (2-slopes, from step 0
+  and from the pre-specified progress :data:`LATE_FROM`): the seed is the unit
+  (:func:`seed_means`), since every layer, depth and init of a seed shares its data order
+  and initial draw. :func:`gap_rule` and :func:`slopes_rule` (trajectories as units) are
+  retired, kept for the calibration's comparison.
 * :func:`stratified_spearman` and :func:`trial_permutation_p` (claim 3: the correlation
   across trials at the same step, depth and layer, so a shared training-time trend or a
   layer effect cannot make it).
 * :func:`sign_flip_p`, :func:`holm` and :func:`arm_family_rule` (claim 4: an exact
   sign-flip permutation test per arm, Holm's step-down over the arms sharing a baseline).
 * :func:`all_lower_rule` (reality checks).
-* :func:`split_trend` and :func:`several_rule` (claim 5: pre-specified halves of the
-  checkpoint series, a permutation null per model, "several" = at least two models and a
-  binomial tail below alpha).
+* :func:`split_trend`, :func:`stratified_link` and :func:`several_rule` (claim 5:
+  pre-specified halves of the checkpoint series tested against exchangeable increments;
+  the link with whole layers permuted across checkpoints; "several" = at least two models
+  at level 2 alpha / models, valid however the models depend on each other).
 """
 
 from __future__ import annotations
@@ -66,6 +70,47 @@ def slopes_rule(q_slopes: Any, k_slopes: Any, alpha: float = ALPHA) -> str:
     if q.p_value < alpha and k.p_value < alpha:
         return HOLDS
     return NO_DATA if q.n < 5 else FAILS
+
+
+def seed_means(values: Any, seeds: Any) -> np.ndarray:
+    """The mean of ``values`` per seed (non-finite values dropped), in seed order: the
+    unit of analysis of claim 2. Every layer, depth and init of one seed shares its data
+    order and its initial draw, so only whole seeds are independent."""
+    v = np.asarray(values, dtype=float).ravel()
+    s = np.asarray(seeds).ravel()
+    keep = np.isfinite(v)
+    v, s = v[keep], s[keep]
+    return np.array([v[s == u].mean() for u in np.unique(s)])
+
+
+def seed_gap_rule(trajectory_gaps: Any, seed_gaps: Any, alpha: float = ALPHA) -> str:
+    """Claim 2-gap with the seed as its unit: PR_Q - PR_K > 0 at the final probe in every
+    trajectory (the paper's 'all 54'; does not hold if any is <= 0) and, over seeds (each
+    seed's mean final gap over its trials and layers), the one-sided sign test below
+    ``alpha``. With too few seeds for 2^-n < ``alpha`` (fewer than 5): not enough data.
+    Under a null where seeds are independent with median gap <= 0 its error rate is at
+    most ``alpha`` whatever the layers, depths and inits of a seed share."""
+    d, _ = finite_values(trajectory_gaps)
+    s, _ = finite_values(seed_gaps)
+    if d.size == 0 or s.size == 0:
+        return NO_DATA
+    if not (d > 0).all():
+        return FAILS
+    if 2.0 ** -s.size >= alpha:
+        return NO_DATA
+    return HOLDS if sign_test(s).p_value < alpha else FAILS
+
+
+def seed_slopes_rule(q_seed_slopes: Any, k_seed_slopes: Any, alpha: float = ALPHA) -> str:
+    """Claim 2-slopes with the seed as its unit: each seed's mean PR_Q slope (over its
+    trials and layers) positive and its mean PR_K slope negative, one-sided sign tests
+    over seeds each below ``alpha`` (an intersection-union test). Fewer than 5 seeds: not
+    enough data (2^-n cannot reach ``alpha``)."""
+    q = sign_test(q_seed_slopes)
+    k = sign_test(k_seed_slopes, predicted_sign=-1)
+    if q.n == 0 or 2.0 ** -q.n >= alpha:
+        return NO_DATA
+    return HOLDS if q.p_value < alpha and k.p_value < alpha else FAILS
 
 
 # --------------------------------------------------------------------------- claim 3
@@ -226,7 +271,9 @@ def arm_family_rule(deltas: dict[str, Any], signs: dict[str, int], alpha: float 
 
 def all_lower_rule(deltas: Any, alpha: float = ALPHA) -> str:
     """Reality check: the arm's value below the baseline's in every seed, with enough
-    seeds for that to be unlikely by chance (2^-n < ``alpha``: at least 5)."""
+    seeds for that to be unlikely by chance (2^-n < ``alpha``: at least 5). The unit is
+    the paired seed: whatever a seed shares between its arm and baseline trials cancels in
+    the delta, and a delta with median 0 is below 0 in all n seeds with probability 2^-n."""
     d, _ = finite_values(deltas)
     if d.size == 0 or 2.0 ** -d.size >= alpha:
         return NO_DATA
@@ -240,8 +287,13 @@ def all_lower_rule(deltas: Any, alpha: float = ALPHA) -> str:
 class SplitTrend(ResultDict):
     """A checkpoint series split into pre-specified halves (by position, the middle
     checkpoint in both when the count is odd): Spearman of value vs step in each, the
-    statistic ``rho_early - rho_late`` and its permutation p-value (one-sided, rises then
-    decays). ``rises_then_decays`` needs rho_early > 0, rho_late < 0 and p < alpha."""
+    statistic ``rho_early - rho_late`` and its p-value (one-sided, rises then decays)
+    against a null of exchangeable *increments*: the series rebuilt from its own
+    checkpoint-to-checkpoint changes in every order (``p_value``). A random walk is
+    exactly such a null; an AR(1) series or i.i.d. values wander less than the rebuilt
+    series, so the test is conservative there. ``p_exchangeable`` is the old null
+    (permuted values), kept for comparison: it says "holds" on smooth noise.
+    ``rises_then_decays`` needs rho_early > 0, rho_late < 0 and p < alpha."""
 
     n_checkpoints: int
     rho_early: float
@@ -249,12 +301,13 @@ class SplitTrend(ResultDict):
     statistic: float
     p_value: float
     rises_then_decays: bool
+    p_exchangeable: float = 1.0
 
 
-# With 5 checkpoints the halves share the middle one and the most extreme ordering has
-# exact p = 6/120 = 0.05, so no series could pass; 6 is the fewest that can (20/720).
-MIN_CHECKPOINTS = 6
-EXACT_ORDERS = 7  # the trend's permutation null is enumerated exactly up to 7! orders
+# With increments permuted, 7 checkpoints reach p = 36/720 = 0.05 at best (3 rises, then
+# 3 falls) and 8 reach 144/5040 = 0.029: 8 is the fewest that can pass.
+MIN_CHECKPOINTS = 8
+EXACT_ORDERS = 7  # the null is enumerated exactly up to 7! orders (of values or increments)
 
 
 def _row_spearman_vs_position(v: np.ndarray) -> np.ndarray:
@@ -269,11 +322,21 @@ def _row_spearman_vs_position(v: np.ndarray) -> np.ndarray:
         return np.where(den > 0, (r @ pos) / den, 0.0)
 
 
+def _orders(m: int, rng: np.random.Generator, n_perm: int) -> tuple[np.ndarray, bool]:
+    """Every order of m items (exact) up to :data:`EXACT_ORDERS`, else ``n_perm`` random."""
+    import itertools
+
+    if m <= EXACT_ORDERS:
+        return np.array(list(itertools.permutations(range(m)))), True
+    return rng.permuted(np.tile(np.arange(m), (n_perm, 1)), axis=1), False
+
+
 def split_trend(steps: Any, values: Any, *, rng: np.random.Generator,
-                n_perm: int = N_PERM, alpha: float = ALPHA) -> SplitTrend:
+                n_perm: int = N_PERM, alpha: float = ALPHA, exchangeable: bool = True
+                ) -> SplitTrend:
     """Rises in the first half of the checkpoints and decays in the second, tested against
-    the null of exchangeable checkpoints (i.i.d. values) by permuting the values: every
-    order up to :data:`EXACT_ORDERS` checkpoints, ``n_perm`` random ones above."""
+    a null of exchangeable increments (a random walk's; see :class:`SplitTrend`).
+    ``exchangeable``: also compute the retired p of permuted values (else 1)."""
     s = np.asarray(steps, dtype=float).ravel()
     v = np.asarray(values, dtype=float).ravel()
     keep = np.isfinite(s) & np.isfinite(v)
@@ -284,21 +347,37 @@ def split_trend(steps: Any, values: Any, *, rng: np.random.Generator,
         return SplitTrend(n, math.nan, math.nan, math.nan, 1.0, False)
     h = (n + 1) // 2
 
-    def stat(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return _row_spearman_vs_position(rows[:, :h]), _row_spearman_vs_position(rows[:, n - h:])
+    def stat(rows: np.ndarray) -> np.ndarray:
+        return (_row_spearman_vs_position(rows[:, :h])
+                - _row_spearman_vs_position(rows[:, n - h:]))
 
-    e, lt = stat(v[None, :])
-    obs = float(e[0] - lt[0])
-    if n <= EXACT_ORDERS:
-        import itertools
+    e, lt = _row_spearman_vs_position(v[None, :h])[0], _row_spearman_vs_position(
+        v[None, n - h:])[0]
+    obs = float(e - lt)
 
-        pe, pl = stat(v[np.array(list(itertools.permutations(range(n))))])
-        p = float(((pe - pl) >= obs - 1e-12).mean())
-    else:
-        pe, pl = stat(rng.permuted(np.tile(v, (n_perm, 1)), axis=1))
-        p = (1 + int(((pe - pl) >= obs - 1e-12).sum())) / (1 + n_perm)
-    return SplitTrend(n, float(e[0]), float(lt[0]), obs, p,
-                      bool(e[0] > 0 and lt[0] < 0 and p < alpha))
+    def pval(null: np.ndarray, exact: bool) -> float:
+        hit = int((stat(null) >= obs - 1e-12).sum())
+        return hit / null.shape[0] if exact else (1 + hit) / (1 + null.shape[0])
+
+    d = np.diff(v)
+    order, exact = _orders(n - 1, rng, n_perm)
+    rebuilt = np.concatenate([np.zeros((order.shape[0], 1)), np.cumsum(d[order], axis=1)],
+                             axis=1)
+    p = pval(rebuilt, exact)
+    p_ex = pval(v[_orders(n, rng, n_perm)[0]], n <= EXACT_ORDERS) if exchangeable else 1.0
+    return SplitTrend(n, float(e), float(lt), obs, p, bool(e > 0 and lt < 0 and p < alpha),
+                      p_ex)
+
+
+def trend_p(split: SplitTrend | dict[str, Any] | None) -> float:
+    """A model's p for "rises then decays": its p-value when rho_early > 0 and
+    rho_late < 0, else 1."""
+    if split is None:
+        return 1.0
+    d = split.to_dict() if isinstance(split, SplitTrend) else split
+    if not (d.get("rho_early", math.nan) > 0 and d.get("rho_late", math.nan) < 0):
+        return 1.0
+    return float(d["p_value"])
 
 
 def binom_tail(k: int, m: int, q: float) -> float:
@@ -310,24 +389,36 @@ def binom_tail(k: int, m: int, q: float) -> float:
     return float(sum(math.comb(m, i) * q**i * (1 - q) ** (m - i) for i in range(k, m + 1)))
 
 
-def several_rule(k: int, m: int, alpha: float = ALPHA) -> str:
-    """"Several models" made explicit: at least two of the ``m`` models tested (each at
-    ``alpha``) pass, and that many passing by chance is below ``alpha``
-    (``P(Bin(m, alpha) >= k) < alpha``). Fewer than two models: not enough data."""
+def several_level(m: int, alpha: float = ALPHA) -> float:
+    """The level each of ``m`` models is tested at for "several" (at least two): with
+    ``2 alpha / m`` the count N of models passing by chance has E[N] <= 2 alpha, so
+    P(N >= 2) <= alpha by Markov's inequality, however the models depend on each other
+    (Pythia sizes share their data order and checkpoint steps)."""
+    return min(alpha, 2 * alpha / m) if m else alpha
+
+
+def several_rule(p_values: Any, alpha: float = ALPHA) -> str:
+    """"Several models" made explicit: at least two of the ``m`` models tested have
+    p < :func:`several_level` (m). Valid under any dependence between the models.
+    Fewer than two models: not enough data."""
+    ps = [float(p) for p in p_values]
+    m = len(ps)
     if m < 2:
         return NO_DATA
-    return HOLDS if k >= 2 and binom_tail(k, m, alpha) < alpha else FAILS
+    return HOLDS if sum(p < several_level(m, alpha) for p in ps) >= 2 else FAILS
 
 
 @dataclass
 class StratifiedLink(ResultDict):
     """Spearman across layers within each checkpoint, pooled over checkpoints (a trend
     shared by both metrics over training cannot make it), with a percentile interval from
-    a bootstrap that resamples whole checkpoints. The verdict's test also takes the
-    checkpoint as its unit: an exact sign-flip test of the per-checkpoint correlations
-    (``p_value``, one-sided, predicted > 0); the percentile interval alone says "holds" on
-    independent metrics 7-9% of the time at 5-10 checkpoints (docs/statistics.md).
-    ``holds`` needs p < alpha and at least :data:`MIN_CHECKPOINTS` checkpoints."""
+    a bootstrap that resamples whole checkpoints (descriptive). The test takes the layer
+    as its unit: ``p_value`` (one-sided, predicted > 0) permutes whole layers of y, the
+    same permutation at every checkpoint, so each layer's profile and its course over
+    checkpoints stay intact; fixed per-layer profiles of the two metrics that are not
+    coupled cannot make it (the old sign-flip over checkpoints, ``p_checkpoints``, said
+    "holds" 26-30% of the time there). The smallest p is 1 / layers!: 4 layers reach
+    1/24. ``holds`` needs p < alpha."""
 
     rho: float
     p_value: float
@@ -337,42 +428,61 @@ class StratifiedLink(ResultDict):
     n_points: int
     n_boot: int
     holds: bool
+    n_layers: int = 0
+    p_checkpoints: float = 1.0
 
 
-def stratified_link(x: Any, y: Any, checkpoints: Any, *, rng: np.random.Generator,
-                    n_boot: int = 2000, ci: float = 0.95) -> StratifiedLink:
+def _layer_matrix(x: np.ndarray, y: np.ndarray, c: np.ndarray, layer: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """x and y as (checkpoint, layer) matrices of the checkpoints complete in every layer."""
+    cs, ci = np.unique(c, return_inverse=True)
+    ls, li = np.unique(layer, return_inverse=True)
+    mx = np.full((cs.size, ls.size), np.nan)
+    my = mx.copy()
+    mx[ci, li], my[ci, li] = x, y
+    full = np.isfinite(mx).all(axis=1) & np.isfinite(my).all(axis=1)
+    return mx[full], my[full]
+
+
+def stratified_link(x: Any, y: Any, checkpoints: Any, layers: Any = None, *,
+                    rng: np.random.Generator, n_boot: int = 2000, ci: float = 0.95,
+                    n_perm: int = N_PERM, alpha: float = ALPHA) -> StratifiedLink:
     """The rank-entropy link of one model: ``x`` and ``y`` per (checkpoint, layer) point,
-    ``checkpoints`` the checkpoint of each point."""
+    ``checkpoints`` and ``layers`` the checkpoint and layer of each point (``layers``
+    None: the points of a checkpoint in order)."""
     x = np.asarray(x, dtype=float).ravel()
     y = np.asarray(y, dtype=float).ravel()
     c = np.asarray(checkpoints).ravel()
+    if layers is None:
+        layers = np.zeros(c.size, dtype=int)
+        for key in np.unique(c):
+            layers[c == key] = np.arange(int((c == key).sum()))
     keep = np.isfinite(x) & np.isfinite(y)
-    x, y, c = x[keep], y[keep], c[keep]
-    parts = []
-    for key in np.unique(c):
-        m = c == key
-        if m.sum() < 2:
-            continue
-        rx, ry = _centred_ranks(x[m]), _centred_ranks(y[m])
-        parts.append(((rx * ry).sum(), (rx**2).sum(), (ry**2).sum()))
-    n_c = len(parts)
-    if n_c == 0:
-        return StratifiedLink(math.nan, 1.0, math.nan, math.nan, 0, int(x.size), 0, False)
-    a = np.asarray(parts)
+    mx, my = _layer_matrix(x[keep], y[keep], c[keep], np.asarray(layers).ravel()[keep])
+    n_c, n_l = mx.shape
+    if n_c == 0 or n_l < 2:
+        return StratifiedLink(math.nan, 1.0, math.nan, math.nan, n_c, int(x.size), 0, False,
+                              n_l)
+    rx, ry = _centred_ranks(mx.T).T, _centred_ranks(my.T).T  # ranks across layers
+    a = np.stack([(rx * ry).sum(axis=1), (rx**2).sum(axis=1), (ry**2).sum(axis=1)], axis=1)
 
     def ratio(s: np.ndarray) -> np.ndarray:
         with np.errstate(invalid="ignore", divide="ignore"):
             return s[..., 0] / np.sqrt(s[..., 1] * s[..., 2])
 
     rho = float(ratio(a.sum(axis=0)))
-    idx = rng.integers(0, n_c, (n_boot, n_c))
-    boot = ratio(a[idx].sum(axis=1))
+    boot = ratio(a[rng.integers(0, n_c, (n_boot, n_c))].sum(axis=1))
     boot = boot[np.isfinite(boot)]
     lo, hi = (np.quantile(boot, [(1 - ci) / 2, (1 + ci) / 2]) if boot.size
               else (math.nan, math.nan))
-    # fresh sign vectors from the caller's generator: with a new set per call the
-    # Monte Carlo p (1 + count) / (1 + B) is a valid p-value (P(p <= a) <= a); one fixed
-    # set for every call is only approximately so
-    p = sign_flip_p(ratio(a), 1, rng=rng)
+    g = rx.T @ ry  # [l, l'] = sum over checkpoints of rank x in l times rank y in l'
+    order, exact = _orders(n_l, rng, n_perm)
+    perm = g[np.arange(n_l)[None, :], order].sum(axis=1)
+    obs = float(np.trace(g))
+    hit = int((perm >= obs - 1e-9 * max(1.0, abs(obs))).sum())
+    p = hit / order.shape[0] if exact else (1 + hit) / (1 + order.shape[0])
+    if not math.isfinite(rho):
+        p = 1.0
+    p_c = sign_flip_p(ratio(a), 1, rng=rng)
     return StratifiedLink(rho, p, float(lo), float(hi), n_c, int(x.size), n_boot,
-                          bool(n_c >= MIN_CHECKPOINTS and p < ALPHA))
+                          bool(p < alpha), n_l, p_c)
