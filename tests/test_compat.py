@@ -39,6 +39,13 @@ def probe_rows(db: Path, key: str) -> list[tuple]:
                          "t.trial_key = :k ORDER BY 1, 2, 3, 4", {"k": key}).rows()
 
 
+def differs(got: float | None, want: float) -> bool:
+    """A stored value (NaN stored as NULL) against a reference, to 1e-6 relative."""
+    if math.isnan(want):
+        return got is not None
+    return got is None or abs(got - want) > 1e-6 * max(1.0, abs(want))
+
+
 def resumed_records(db: Path, key: str, ckpt: Path, data: Path) -> list:
     """Today's ``train`` of trial ``key``'s stored config, resumed from ``ckpt``: the
     probes it reports after the checkpoint's step."""
@@ -101,9 +108,7 @@ def test_a_sweep_of_the_flat_layout_resumes_with_todays_code(scratch, wikitext_d
         kept = {k: v for k, v in stored.items() if k[0] < first}
         new = {k: v for k, v in stored.items() if k[0] >= first}
         same_old = kept == {k: v for k, v in old.items() if k[0] < first}
-        bad = [k for k, v in want.items()  # NaN is stored as NULL
-               if (new.get(k) is not None) if math.isnan(v) else
-               (new.get(k) is None or abs(new[k] - v) > 1e-6 * max(1.0, abs(v)))]
+        bad = [k for k, v in want.items() if differs(new.get(k), v)]
         if same_old and new.keys() == want.keys() and not bad:
             break
         tried.append(f"{ckpt.name} (from step {first}): first run's rows kept {same_old}, "
