@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import hashlib
 import json
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -73,7 +74,12 @@ class TrialConfig:
     checkpoint_every: int = 0  # checkpoint every N steps (0: at every probe)
     # --- data and run ---
     dataset: str = "wikitext-103"  # wikitext-103 | wikitext-2 | a directory | a text file
-    seed: int = 0  # seeds init, data order and the probe batch
+    seed: int = 0  # seeds init, data order and dropout (with seed_stream: rng_seed)
+    # the cell's random stream (qkgeom.plan.spec.seed_stream_of): empty, the seed is used
+    # as it is (every run recorded before streams existed); otherwise init, data order and
+    # dropout draw from rng_seed, derived from the stream and the seed, so two cells with
+    # the same seed ids are independent replicates
+    seed_stream: str = ""
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     threads: int = 0  # torch intra-op threads on CPU (0: torch default)
     compile: bool = False  # torch.compile the model (GPU runs)
@@ -145,6 +151,17 @@ class TrialConfig:
         if self.warmup_frac > 0:
             return int(round(self.warmup_frac * self.max_steps))
         return self.warmup_steps
+
+    @property
+    def rng_seed(self) -> int:
+        """The seed init, data order and dropout draw from: ``seed`` itself without a
+        ``seed_stream`` (derivation 1); else the first 8 bytes of
+        ``sha256("qkgeom-seed-v2:<stream>:<seed>")`` as an unsigned integer, shifted right
+        by one (derivation 2: 63 bits, independent across streams)."""
+        if not self.seed_stream:
+            return self.seed
+        digest = hashlib.sha256(f"qkgeom-seed-v2:{self.seed_stream}:{self.seed}".encode())
+        return int.from_bytes(digest.digest()[:8], "big") >> 1
 
     # ------------------------------------------------------------------ (de)serialise
     def to_dict(self) -> dict[str, Any]:

@@ -237,7 +237,8 @@ def test_ladder_varies_only_width_context_and_lr():
             shapes.add(len(plan.trials))
         for t in plan.trials:
             diff = {k for k in t.config if t.config[k] != cpu[t.key][k]}
-            assert diff <= {"n_embd", "block_size", "lr", "min_lr"}, (plan.name, t.key, diff)
+            assert diff <= {"n_embd", "block_size", "lr", "min_lr", "seed_stream"}, \
+                (plan.name, t.key, diff)
     assert cells == {(e, e, lr) for e in (32, 48, 64, 96, 128) for lr in (1e-3, 3e-3)}
     assert grid_cells == {(96, 96, 1e-3), (96, 96, 3e-3), (128, 128, 1e-3)}
     assert arm_cells == {(96, 96, 1e-3), (128, 128, 1e-3)}

@@ -105,7 +105,7 @@ class GPT(nn.Module):
         for blk in self.blocks:  # GPT-2's scaled init of the residual projections
             for w in (blk.attn.o_proj.weight, blk.mlp.proj.weight):
                 nn.init.normal_(w, 0.0, cfg.init_std / math.sqrt(2 * cfg.n_layer))
-        gen = torch.Generator().manual_seed(cfg.seed + 7919)  # Q/K init has its own stream
+        gen = torch.Generator().manual_seed(cfg.rng_seed + 7919)  # Q/K init has its own stream
         QK_INITS[cfg.init](self, gen)
 
     def _init_weights(self, m: nn.Module) -> None:

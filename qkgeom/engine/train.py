@@ -136,11 +136,12 @@ class TrainingRun:
             torch.set_num_threads(cfg.threads)
         self.device = pick_device(cfg)
         self.corpus = corpus or load_corpus(cfg.dataset)
-        torch.manual_seed(cfg.seed)
+        torch.manual_seed(cfg.rng_seed)  # init and dropout (cfg.seed_stream: derived)
         self.model = GPT(cfg, self.corpus.vocab_size).to(self.device)
         self.opt = make_optimizer(cfg, self.model)
         self.control = KeySpectrumControl(cfg, self.model)
-        self.sampler = Sampler(self.corpus.train, cfg.block_size, cfg.batch_size, cfg.seed)
+        self.sampler = Sampler(self.corpus.train, cfg.block_size, cfg.batch_size,
+                               cfg.rng_seed)
         val = self.corpus.val
         self.val_starts = fixed_starts(val, cfg.block_size, cfg.eval_batches * cfg.batch_size,
                                        VAL_SEED)

@@ -36,6 +36,7 @@ PR trajectory (W_K weight PR; key-activation PR_K for the activation site); such
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import sys
 from dataclasses import dataclass, field
@@ -52,7 +53,19 @@ from qkgeom.plan.cells import Cell, spec_cells
 
 # Set per trial by the spec itself; a trial-level override of these would be silently lost.
 GRID_KEYS = ("n_layer", "init", "arm", "seed")
-SPEC_KEYS = ["name", "trial", "axes", "cells", "grid", "interventions", "snapshots"]
+SPEC_KEYS = ["name", "trial", "axes", "cells", "grid", "interventions", "snapshots",
+             "seed_streams"]
+# seed_streams: "per-cell" (a new sweep's default, written into its stored spec by
+# plan_from): each cell's trials draw from a stream derived from the cell's config, so
+# seed 0 of two cells are independent; "shared" (a spec without the key: every sweep
+# recorded before streams existed): the seed alone, the same in every cell
+SEED_STREAMS = ("per-cell", "shared")
+# what does not make two cells different experiments: set per trial, or where and how a
+# run is measured and executed
+STREAM_EXCLUDED = ("n_layer", "init", "arm", "seed", "seed_stream", "dataset", "device",
+                   "threads", "compile", "fail_at_step", "probe_every", "probe_batch",
+                   "eval_every", "log_every", "eval_batches", "test_batches",
+                   "checkpoint_every")
 SNAPSHOT_POLICIES = "all | none | every:N"
 DEFAULT_SNAPSHOTS = "all"  # every preset: see docs/sweeps.md for the paper sweep's disk cost
 TRIAL_KEYS = ["preset", "overrides"]
@@ -333,6 +346,21 @@ def _config(base: dict[str, Any], overrides: dict[str, Any], where: str,
         raise SpecError(f"{where}: {e}") from None
 
 
+def seed_stream_of(base: dict[str, Any], cell_over: dict[str, Any]) -> str:
+    """The random stream of a cell (``TrialConfig.seed_stream``): 16 hex digits of the
+    sha256 of its trials' shared config (the base preset with the cell's overrides), less
+    what is set per trial or only measures (:data:`STREAM_EXCLUDED`). Two cells that train
+    the same way share it (they are one experiment); any other two draw independent
+    numbers for the same seed id. Arms pair with their baseline: they share the cell's."""
+    try:  # typed as the trials' configs are (lr 1 and 1.0 are one experiment)
+        cfg = TrialConfig.from_dict({**base, **{k: v for k, v in cell_over.items()
+                                                if k != "seed_stream"}}).to_dict()
+    except ConfigError:
+        return ""  # each trial's own validation says what is wrong, with where
+    shared = {k: v for k, v in sorted(cfg.items()) if k not in STREAM_EXCLUDED}
+    return hashlib.sha256(json.dumps(shared, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def build_plan(spec: dict[str, Any], *, name: str | None = None, data: str | None = None,
                sets: list[str] | tuple[str, ...] = (),
                snapshots: str | None = None) -> SweepPlan:
@@ -348,8 +376,14 @@ def build_plan(spec: dict[str, Any], *, name: str | None = None, data: str | Non
     base = TrialConfig(**PRESETS[base_name]).to_dict()
     trials: dict[str, TrialSpec] = {}
     arm_trials: list[TrialSpec] = []
+    streams = spec.get("seed_streams", "shared")
+    if streams not in SEED_STREAMS:
+        raise SpecError(f"seed_streams: expected one of {', '.join(SEED_STREAMS)}, got "
+                        f"{streams!r}")
     for cell in _cells(spec, overrides):  # baselines of every cell first, then the arms
         cell_over = {**overrides, **cell.factors}
+        if streams == "per-cell":
+            cell_over["seed_stream"] = seed_stream_of(base, cell_over)
         grid = _grid_trials(spec, base, cell_over, cell.label)
         baselines, arms = _intervention_trials(spec, base, cell_over, set(grid), cell.label)
         trials.update(grid)
@@ -523,6 +557,10 @@ def plan_from(preset: str | None = None, spec_file: str | Path | None = None, *,
             raise SpecError(f"unknown sweep preset {preset!r}; choose from "
                             f"{', '.join(SWEEP_PRESETS)}")
         spec = copy.deepcopy(SWEEP_PRESETS[preset])
+    # a new sweep: its cells' seeds are independent (qkgeom.config.TrialConfig.rng_seed);
+    # kept in its stored spec, so that a resume rebuilds the very same configs, and absent
+    # from the specs of sweeps recorded before (a resume of one keeps its shared seeds)
+    spec.setdefault("seed_streams", "per-cell")
     return build_plan(spec, name=name, data=data, sets=sets, snapshots=snapshots)
 
 
