@@ -242,14 +242,25 @@ class Store(ResultWrites, Reads):
                 index_elements=["trial_id", "attempt"],
                 set_={k: ins.excluded[k] for k in fields}) if fields
                 else ins.on_conflict_do_nothing())
-            cleared = {}
-            for model in (ProbeMetric, Probe, TrainStep, Checkpoint):
-                tab = model.__table__
-                q = tab.delete().where(tab.c.trial_id == trial_id)
-                if restored_step is not None:
-                    q = q.where(tab.c.step > int(restored_step))
-                cleared[tab.name] = int(conn.execute(q).rowcount or 0)
+            cleared = self.clear_after(trial_id, restored_step, conn=conn)
         return attempt, cleared
+
+    def clear_after(self, trial_id: int, step: int | None, *, conn: Any = None
+                    ) -> dict[str, int]:
+        """Delete what a trial stored at steps after ``step`` (all of it when None):
+        probes, metric values, training steps, checkpoint rows. Returns the rows deleted
+        per table. ``conn``: inside that open write transaction."""
+        if conn is None:
+            with self._write() as c:
+                return self.clear_after(trial_id, step, conn=c)
+        cleared = {}
+        for model in (ProbeMetric, Probe, TrainStep, Checkpoint):
+            tab = model.__table__
+            q = tab.delete().where(tab.c.trial_id == trial_id)
+            if step is not None:
+                q = q.where(tab.c.step > int(step))
+            cleared[tab.name] = int(conn.execute(q).rowcount or 0)
+        return cleared
 
     def heartbeat(self, sweep_id: int, trial_id: int | None = None) -> int:
         """A sign of life: ``heartbeat_at`` = now for the sweep's ``running`` trials (only

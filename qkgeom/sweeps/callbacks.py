@@ -155,6 +155,8 @@ class DbWriter(Callback):
         latest = getattr(trial, "latest_checkpoint_result", None)
         step = (latest.metrics or {}).get("step") if latest is not None else None
         known = latest is None or step is not None  # else: which step is unknown, keep all
+        # (with --direct-writes too: Tune calls this before it starts the training function
+        # on the actor, so no write of the new attempt comes before this one)
         self.recorder.started(self._tid(trial), code_provenance(), restart=known,
                               restored_step=None if step is None else int(step))
 
