@@ -258,10 +258,12 @@ class SweepRemoval:
         :func:`qkgeom.store.liveness.sweep_liveness` gives them; default the plan's)."""
         live = self.live if live is None else live
         if live:
+            leased = "holds the lease" in live[0]  # LiveSweep.describe of a live lease
             raise QkgeomError(
                 f"sweep {self.name} may be running: {live[0]}; stop its driver first "
-                "(Ctrl-C), then delete it; if you know it has stopped and nothing could "
-                "prove it, give --stopped")
+                "(Ctrl-C), then delete it" + ("" if leased else
+                                              "; if you know it has stopped and nothing "
+                                              "could prove it, give --stopped"))
 
 
 def plan_removal(store: Store, name: str, *, stopped: bool = False) -> SweepRemoval:
