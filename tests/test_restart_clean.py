@@ -75,3 +75,31 @@ def test_a_restored_attempt_starts_from_its_checkpoint_and_nothing_after_it(
                 + (["--direct-writes"] if direct else []), scratch, env=env)
     assert _steps(db_url) == {S0: ref, S1: ref}
     assert assert_matches_reference(db_url, "rc") == 2
+
+
+def test_train_db_resume_starts_clean_from_its_checkpoint(tmp_path, wikitext_dir):
+    """``qkgeom train --db ... --resume OUT/checkpoints/step_N``: the attempt it records
+    starts with the rows the earlier run stored after step N deleted (a run without
+    --resume starts from scratch: with all of them deleted)."""
+    from qkgeom.cli.train import ProbeSink
+    from qkgeom.config import TrialConfig
+
+    url = f"sqlite:///{tmp_path / 't.db'}"
+    out = tmp_path / "run"
+    sets = ["--set", "max_steps=40", "--set", "probe_every=10", "--set", "eval_every=10"]
+    run_cli(["train", "--preset", "smoke", "--data", str(wikitext_dir), "--out", str(out),
+             "--db", url, "--name", "tr", *sets], tmp_path)
+
+    def steps() -> list[int]:
+        with open_store(url, create=False, readonly=True) as store:
+            return [p.step for p in store.read_probes(int(store.trials("tr")["id"][0]))]
+
+    assert steps() == [0, 10, 20, 30, 40]
+    cfg = TrialConfig.from_dict(json.loads((out / "config.json").read_text()))
+    for d in ("again", "fresh"):
+        (tmp_path / d).mkdir()
+    with ProbeSink(tmp_path / "again", url, "tr", cfg,
+                   resume_dir=out / "checkpoints" / "step_0000020"):
+        assert steps() == [0, 10, 20]  # before this attempt has written anything
+    with ProbeSink(tmp_path / "fresh", url, "tr", cfg):
+        assert steps() == []

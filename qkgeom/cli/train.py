@@ -96,7 +96,8 @@ def train(preset_name, data, sets, out, db, sweep_name, checkpoints, resume_dir,
         run_dir = Path(out or f"runs/train-{preset_name}-{time.strftime('%Y%m%d-%H%M%S')}")
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
-        with ProbeSink(run_dir, db or os.environ.get("QKGEOM_DB"), sweep_name, cfg) as sink:
+        with ProbeSink(run_dir, db or os.environ.get("QKGEOM_DB"), sweep_name, cfg,
+                       resume_dir=resume_dir) as sink:
             bar = ProgressLine(cfg.max_steps, enabled=not quiet)
             click.echo(f"qkgeom train: preset {preset_name}, {cfg.n_layer} layers, n_embd "
                        f"{cfg.n_embd}, init {cfg.init}, arm {cfg.arm}, seed {cfg.seed} -> "
@@ -149,10 +150,12 @@ class ProbeSink:
     through :class:`qkgeom.store.recorder.TrialRecorder`, as a sweep's driver does. A
     context manager: leaving it closes the file and the database."""
 
-    def __init__(self, run_dir: Path, db: str | None, sweep_name: str, cfg) -> None:
+    def __init__(self, run_dir: Path, db: str | None, sweep_name: str, cfg,
+                 resume_dir: str | Path | None = None) -> None:
         from qkgeom.plan.spec import trial_key
 
         self.run_dir = run_dir
+        self.resume_dir = resume_dir
         self.beater = None
         self.path = run_dir / "probes.jsonl"
         self.fh = self.path.open("a", encoding="utf-8")
@@ -169,7 +172,7 @@ class ProbeSink:
                 raise
 
     def _open(self, db: str, sweep_name: str, cfg) -> None:
-        from qkgeom.engine.train import pick_device
+        from qkgeom.engine.train import checkpoint_step, pick_device
         from qkgeom.store import open_store, resolve_url, safe_url
         from qkgeom.store.lease import Beater, database_identity
         from qkgeom.store.lifecycle import HEARTBEAT_S
@@ -189,7 +192,11 @@ class ProbeSink:
             arm=cfg.arm, seed=cfg.seed, status="running",
         )
         self.recorder = TrialRecorder(self.store, sid)
-        self.recorder.started(self.trial_id, provenance(str(pick_device(cfg))))
+        # what an earlier run of this trial stored after the step this one starts from
+        # (all of it, without --resume) goes with the write that starts this attempt
+        restored = None if self.resume_dir is None else checkpoint_step(self.resume_dir)
+        self.recorder.started(self.trial_id, provenance(str(pick_device(cfg))), restart=True,
+                              restored_step=restored)
         # the run's checkpoints are this database's (qkgeom sweep delete asks)
         stamp_directory(str(self.run_dir / "checkpoints"), database_identity(self.store),
                         sweep_name)

@@ -271,6 +271,12 @@ class TrainingRun:
         return rec
 
 
+def checkpoint_step(directory: str | Path) -> int:
+    """The training step a checkpoint directory (:meth:`TrainingRun.save`) holds."""
+    state = torch.load(Path(directory) / "state.pt", map_location="cpu", weights_only=False)
+    return int(state["step"])
+
+
 def train(cfg: TrialConfig, report: ProbeCallback | None = None, **kw: Any) -> TrialResult:
     """Run one trial; see the module docstring for the ``report`` protocol and
     :func:`training` for the keyword arguments."""
