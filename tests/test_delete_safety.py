@@ -107,8 +107,11 @@ def test_a_symlink_is_removed_as_a_link_never_its_target(db_url, tmp_path):
         os.symlink(outside / "exp", storage / "qkgeom-ln")  # the main experiment: a link
         (outside / "ckpt").mkdir()
         files["ckpt"] = decoys(outside / "ckpt")
-        link = tmp_path / "runs" / "checkpoint_000002"
-        link.parent.mkdir()
+        link = tmp_path / "runs" / "checkpoints" / "step_0000020"  # as train --db's, stamped
+        link.parent.mkdir(parents=True)
+        from qkgeom.store.lease import database_identity
+
+        stamp_directory(str(link.parent), database_identity(store), "ln")
         os.symlink(outside / "ckpt", link)
         tid = store.trial_id(store.require_sweep("ln"), "d1-gaussian-none-s0")
         store.add_checkpoint(tid, 20, str(link), kind="resume")
@@ -159,7 +162,8 @@ def test_a_directory_stamped_by_another_database_is_kept(sqlite_url, tmp_path):
     storage = tmp_path / "ray"
     with open_store(sqlite_url) as store:
         plant_sweep(store, "s", storage, ["qkgeom-s"])
-    stamp_directory(str(storage / "qkgeom-s"), "0" * 32, "s")
+    (storage / "qkgeom-s" / OWNER_STAMP).write_text(json.dumps({"database": "0" * 32,
+                                                               "sweep": "s"}))
     files = tree(storage)
     r = cli("sweep", "delete", "--name", "s", "--db", sqlite_url, "--yes")
     assert r.exit_code == 0, r.output
@@ -314,3 +318,38 @@ def test_stamps_written_by_a_real_train_db_make_its_checkpoints_deletable(
     assert r.exit_code == 0 and "deleted sweep tr" in r.output, r.output
     assert (out / "probes.jsonl").exists()
     assert not [p for p in (out / "checkpoints").iterdir() if p.name.startswith("step_")]
+
+
+def test_a_hostile_location_named_like_a_checkpoint_is_kept(db_url, tmp_path):
+    """A database may record any path. Unstamped, a location is the sweep's only for a
+    sweep recorded before stamps existed (no origin), and only where qkgeom writes saved
+    state (``.../checkpoints/step_N``, ``.../snapshots/step_N``, ``<trial dir>/checkpoint_N``);
+    a post-stamp sweep's unstamped location is never. The decoys stay byte for byte."""
+    import sqlalchemy as sa
+
+    decoy = tmp_path / "important" / "checkpoint_000001"
+    decoy.mkdir(parents=True)
+    files = decoys(decoy)
+    legacy = tmp_path / "old-run" / "checkpoints" / "step_0000010"  # train --db, long ago
+    legacy.mkdir(parents=True)
+    (legacy / "state.pt").write_bytes(b"old weights")
+    with open_store(db_url) as store:
+        one_location_sweep(store, "new", str(decoy))
+        one_location_sweep(store, "old", str(decoy.parent.parent / "x" / "checkpoint_000001"))
+        tid = store.trial_id(store.require_sweep("old"), "d1-gaussian-none-s0")
+        store.add_checkpoint(tid, 20, str(decoy), kind="snapshot")
+        store.add_checkpoint(tid, 30, str(legacy), kind="resume")
+        with store._write() as conn:  # as revision 0009 leaves a sweep recorded before it
+            conn.execute(sa.text("UPDATE sweeps SET origin = NULL WHERE name = 'old'"))
+    r = cli("sweep", "delete", "--name", "new", "--db", db_url, "--dry-run")
+    assert f"kept: {decoy} (" in r.output and "files: 0 path(s)" in r.output, r.output
+    with open_store(db_url) as store:  # alone, it is refused for what it is
+        with store._write() as conn:
+            conn.execute(sa.text("DELETE FROM checkpoints WHERE step = 20"))
+    r = cli("sweep", "delete", "--name", "new", "--db", db_url, "--yes")
+    assert r.exit_code == 0, r.output
+    assert f"kept: {decoy} (not a directory qkgeom made for this sweep" in r.output
+    r = cli("sweep", "delete", "--name", "old", "--db", db_url, "--yes")
+    assert r.exit_code == 0, r.output
+    assert f"  {legacy}\n" in r.output and not legacy.exists()  # the old sweep's own
+    assert tree(decoy) == files

@@ -61,8 +61,13 @@ def plant_sweep(store, name: str, storage: Path, experiments: list[str], *,
                 uri: bool = False, outside: Path | None = None) -> None:
     """A sweep with one trial per experiment directory: probes, metrics, training steps,
     a resume checkpoint and a snapshot each, on disk where a sweep writes them."""
+    from qkgeom.store.lease import database_identity
+    from qkgeom.sweeps.files import stamp_directory
+
     root = f"file://{storage}" if uri else str(storage)
     sid = store.ensure_sweep(name, {"name": name, STORAGE_KEY: root}, "v")
+    for exp in experiments:  # stamped as the sweep's driver stamps them
+        stamp_directory(str(storage / exp), database_identity(store), name)
     for i, exp in enumerate(experiments):
         key = f"d1-gaussian-none-s{i}"
         tid = store.ensure_trial(sid, key, {"max_steps": 20}, depth=1, init="gaussian",
@@ -77,9 +82,10 @@ def plant_sweep(store, name: str, storage: Path, experiments: list[str], *,
             write_state(d, 10)
             store.add_checkpoint(tid, 10, f"file://{d}" if uri else str(d), kind=kind)
         (trial_dir / "result.json").write_text("{}")
-    if outside is not None:  # a location outside the storage (qkgeom train --db's run dir)
-        d = outside / name / "checkpoints" / "step_20"
+    if outside is not None:  # a location outside the storage (qkgeom train --db's run dir,
+        d = outside / name / "checkpoints" / "step_20"  # stamped as train --db stamps it)
         write_state(d, 20)
+        stamp_directory(str(d.parent), database_identity(store), name)
         store.add_checkpoint(tid, 20, str(d), kind="resume")
 
 
@@ -144,7 +150,7 @@ def test_delete_removes_one_sweep_and_nothing_of_the_other(two_sweeps):
             f"{n_steps} training steps, 5 checkpoint rows; removed 3 path(s)") in r.output
     # the other sweep's rows, byte for byte, and nothing else is left
     assert rows(url) == other
-    gone = ("ray/qkgeom-x/", "ray/qkgeom-x-arms-2/", "runs/x/checkpoints/")
+    gone = ("ray/qkgeom-x/", "ray/qkgeom-x-arms-2/", "runs/x/checkpoints/step_20/")
     assert tree(tmp) == {k: v for k, v in files.items() if not k.startswith(gone)}
     assert not (tmp / "ray" / "qkgeom-x").exists()
     assert (tmp / "runs" / "x" / "probes.jsonl").exists()
@@ -159,6 +165,7 @@ def test_delete_removes_one_sweep_and_nothing_of_the_other(two_sweeps):
     assert f"file://{tmp / 'ray'}/qkgeom-x-arms" in r.output
     assert not (tmp / "ray" / "qkgeom-x-arms").exists()
     assert sorted(tree(tmp)) == ["ray/notes.txt", "ray/qkgeom-xy/keep.txt",
+                                 "runs/x/checkpoints/.qkgeom-owner.json",  # the run's stamp
                                  "runs/x/probes.jsonl"]
     assert all(v == [] for v in rows(url).values())
 
@@ -187,7 +194,10 @@ def test_a_location_another_sweep_shares_is_kept(db_url, tmp_path):
         assert store.sweeps()["name"].to_list() == ["b"]
         assert store.trial_checkpoints("b", "k") == [(1, "resume", str(shared))]
     r = cli("sweep", "delete", "--name", "b", "--db", db_url, "--dry-run")
-    assert "no Ray storage is recorded" in r.output and f"  {shared}\n" in r.output
+    # b recorded a location in a's experiment directory, which a's driver stamped: not b's
+    assert "no Ray storage is recorded" in r.output
+    assert f"kept: {shared} ({tmp_path / 'ray' / 'qkgeom-a'}/.qkgeom-owner.json says it " \
+        "belongs to sweep 'a'" in r.output
 
 
 def test_run_options_before_delete_are_refused(tmp_path):

@@ -296,7 +296,8 @@ def plan_removal(store: Store, name: str, *, stopped: bool = False) -> SweepRemo
                         storage=storage, running=sorted(running["trial_key"]))
     plan.live = _live(sweep_liveness(store, name), stopped)
     owner = _Ownership.of(name, sweeps, locations, here=database_identity(store),
-                          origin=_origin(store, sid))
+                          origin=_origin(store, sid),
+                          trial_keys=tuple(store.trials(name)["trial_key"].to_list()))
     foreign = owner.foreign
     if foreign:
         plan.origin = owner.origin
@@ -347,11 +348,12 @@ class _Ownership:
     storages: dict[str, tuple[str, str]]  # other sweep -> the key of its storage
     theirs: list[tuple[str, tuple[str, str]]]  # (other sweep, key of a checkpoint of it)
     keep: dict[str, str]  # local path -> what it is (never deleted, nor what contains it)
+    trial_keys: tuple[str, ...] = ()  # the sweep's trials (Tune names their directories)
 
     @classmethod
     def of(cls, name: str, sweeps: dict[str, dict | None],
            locations: list[tuple[str, str]], *, here: str | None,
-           origin: str | None) -> _Ownership:
+           origin: str | None, trial_keys: tuple[str, ...] = ()) -> _Ownership:
         storage = (sweeps[name] or {}).get(STORAGE_KEY)
         theirs = [(s, _key(loc)) for s, loc in locations if s != name]
         storages = {s: _key(spec[STORAGE_KEY]) for s, spec in sweeps.items()
@@ -365,7 +367,7 @@ class _Ownership:
         for s, k in theirs:
             if k[0] == "local":
                 keep.setdefault(k[1], f"a checkpoint of sweep {s}")
-        return cls(name, here, origin, storage, storages, theirs, keep)
+        return cls(name, here, origin, storage, storages, theirs, keep, trial_keys)
 
     @property
     def foreign(self) -> bool:
@@ -394,10 +396,26 @@ class _Ownership:
             if got.get("database") != self.here or got.get("sweep") != self.name:
                 return (f"{where}/{OWNER_STAMP} says it belongs to sweep "
                         f"{got.get('sweep')!r} of database {got.get('database')}")
-        elif not experiment and not STATE_NAME.fullmatch(key[1].rsplit("/", 1)[-1]):
+        elif not experiment and not self.unstamped_but_ours(key[1]):
             return ("not a directory qkgeom made for this sweep (no ownership stamp, not "
-                    "named like a checkpoint)")
+                    "named like a checkpoint of it)")
         return None
+
+    def unstamped_but_ours(self, path: str) -> bool:
+        """An unstamped location outside the experiment directories: only of a sweep
+        recorded before stamps existed (no ``origin``; every later one stamps what it
+        makes), and only where qkgeom writes saved state: ``.../checkpoints/step_N``
+        (``qkgeom train --db``), ``.../snapshots/step_N`` or ``<trial dir>/checkpoint_N``
+        of one of the sweep's trials."""
+        if self.origin is not None:
+            return False
+        parts = path.rstrip("/").split("/")
+        if len(parts) < 3 or not STATE_NAME.fullmatch(parts[-1]):
+            return False
+        parent = parts[-2]
+        if parts[-1].startswith("step_"):
+            return parent in ("checkpoints", "snapshots")
+        return any(parent.startswith(f"{k}_") for k in self.trial_keys)
 
 
 def _live(live: Any, stopped: bool) -> list[str]:
