@@ -110,6 +110,10 @@ def test_resume_refuses_beside_a_live_driver_and_changes_nothing(db_url, tmp_pat
         note = stale_note(200, "ls", lease)
         assert "it is alive; wait" in note and "--resume" not in note
         assert status_rows(db_url, "ls")[0]["status"] == "running"
+        text = run_cli(["status", "--name", "ls", "--db", db_url], tmp_path).stdout
+        assert text.strip().splitlines()[-1].startswith(
+            f"driver: pid {h.pid} on {socket.gethostname()} (test holder), last heartbeat ")
+        assert text.strip().endswith("by the database's clock: live"), text
     finally:
         h.stdin.close()
         h.wait(timeout=30)

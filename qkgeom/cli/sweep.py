@@ -389,15 +389,35 @@ def status(name: str | None, db: str | None, as_json: bool) -> None:
     """Per-trial progress of a sweep, read from the database (works while it runs).
 
     A running trial whose driver stopped sending heartbeats (killed, its machine gone)
-    is shown as stale, with how long; qkgeom sweep --resume marks it interrupted.
+    is shown as stale, with how long; qkgeom sweep --resume takes the sweep over and marks
+    it interrupted, unless its driver still holds the sweep's lease (the last line names
+    the driver that holds it).
     """
     with user_errors():
         rows = status_rows(db, name)
+        driver = driver_line(db, name)
     if as_json:
         click.echo(json.dumps([{k: (None if isinstance(v, float) and v != v else v)
                                 for k, v in r.items()} for r in rows], indent=1))
     else:
-        click.echo(format_status(rows))
+        click.echo(format_status(rows) + (f"\n{driver}" if driver else ""))
+
+
+def driver_line(db: str | None, name: str | None) -> str | None:
+    """``driver: pid 4242 on vm (qkgeom sweep), last heartbeat 3 s ago by the database's
+    clock: live`` for the sweep's lease (qkgeom.store.lease), or None when none is held."""
+    from qkgeom.store import open_store
+    from qkgeom.store.lease import read_lease
+
+    with open_store(db, create=False, readonly=True) as store:
+        names = store.sweep_names()
+        name = name or (names[0] if len(names) == 1 else None)
+        sid = None if name is None else store.sweep_id(name)
+        lease = None if sid is None else read_lease(store, sid)
+    if lease is None:
+        return None
+    gone = lease.gone()
+    return f"driver: {lease.holder()}: " + ("live" if gone is None else f"gone ({gone})")
 
 
 @sweep.command("delete")
