@@ -83,6 +83,20 @@ def counts(url: str) -> dict[str, int]:
                 .scalar_one() for n in ["sweeps", *TABLES]}
 
 
+def killed_writer_renames(path) -> None:
+    """A writer renames every sweep to 'late', commits and dies (os._exit): its change
+    lives in the -wal only, never checkpointed into the file."""
+    import subprocess
+    import sys
+
+    code = ("import os, sqlite3, sys\n"
+            "c = sqlite3.connect(sys.argv[1])\n"
+            "c.execute(\"UPDATE sweeps SET name = 'late'\")\n"
+            "c.commit()\n"
+            "os._exit(0)\n")
+    subprocess.run([sys.executable, "-c", code, str(path)], check=True)
+
+
 @pytest.mark.parametrize("direction", ["sqlite->postgresql", "postgresql->sqlite",
                                        "sqlite->sqlite"])
 def test_merge_copies_every_row_and_changes_no_source_row(direction, sqlite_url, tmp_path,
@@ -339,8 +353,6 @@ def test_an_older_sqlite_source_is_read_through_an_upgraded_copy_and_never_chang
     a temporary copy upgraded to this qkgeom's schema, while the source file keeps every
     byte and its mtime, no -wal or -shm appears beside it, and it stays at 0005. Also
     with a killed writer's WAL beside it (its rows are in the copy; the WAL is kept)."""
-    import subprocess
-    import sys
 
     from qkgeom.store.schema import current
 
@@ -361,12 +373,7 @@ def test_an_older_sqlite_source_is_read_through_an_upgraded_copy_and_never_chang
     assert sorted(r[-1] for r in got["probe_metrics"]) == [1.0, 2.0, 11.0, 12.0]
     assert ["/runs/old/ckpt" in c for c in got["checkpoints"]] == [True]
     # a writer of that revision killed after a commit: its rows live in the -wal only
-    code = ("import os, sqlite3, sys\n"
-            "c = sqlite3.connect(sys.argv[1])\n"
-            "c.execute(\"UPDATE sweeps SET name = 'late'\")\n"
-            "c.commit()\n"
-            "os._exit(0)\n")
-    subprocess.run([sys.executable, "-c", code, str(path)], check=True)
+    killed_writer_renames(path)
     before = files(path)
     assert before["-wal"] is not None
     r = invoke("db", "merge", "--from", str(path), "--db", dst)
@@ -418,8 +425,6 @@ def test_reading_a_source_changes_none_of_its_bytes(kind, tmp_path):
     file's sha256 and mtime stay, no -wal or -shm is left that was not there, and a WAL a
     killed writer left is neither checkpointed into the file nor deleted."""
     import sqlite3
-    import subprocess
-    import sys
 
     path = tmp_path / "src.db"
     fill(f"sqlite:///{path}", "s")
@@ -428,12 +433,7 @@ def test_reading_a_source_changes_none_of_its_bytes(kind, tmp_path):
         assert c.execute("PRAGMA journal_mode=DELETE").fetchone() == ("delete",)
         c.close()
     if kind == "wal-left-by-a-killed-writer":
-        code = ("import os, sqlite3, sys\n"
-                "c = sqlite3.connect(sys.argv[1])\n"
-                "c.execute(\"UPDATE sweeps SET name = 'late'\")\n"
-                "c.commit()\n"
-                "os._exit(0)\n")
-        subprocess.run([sys.executable, "-c", code, str(path)], check=True)
+        killed_writer_renames(path)
     before = files(path)
     assert (before["-wal"] is not None) == (kind == "wal-left-by-a-killed-writer")
     r = invoke("db", "merge", "--from", str(path), "--db", str(tmp_path / "dst.db"))

@@ -190,24 +190,26 @@ class Store(ResultWrites, Reads):
         """
         from sqlalchemy import select
 
-        a, t = TrialAttempt.__table__, Trial.__table__
-        fields = dict(provenance)
-        allowed = {c.name for c in a.columns} - {"trial_id", "attempt", "started_at"}
-        unknown = set(fields) - allowed
-        if unknown:
-            raise QkgeomError(f"unknown provenance field(s) {', '.join(sorted(unknown))}")
+        t = Trial.__table__
+        fields = _provenance_fields(provenance)
         with self._write() as conn:
             if attempt is None:
                 attempt = conn.execute(select(t.c.attempts).where(t.c.id == trial_id)).scalar()
                 if attempt is None:
                     raise QkgeomError(f"no trial with id {trial_id} in {self.safe_url}")
-            ins = self._insert(a).values(trial_id=trial_id, attempt=int(attempt),
-                                         started_at=now_utc(), **fields)
-            stmt = (ins.on_conflict_do_update(index_elements=["trial_id", "attempt"],
-                                              set_={k: ins.excluded[k] for k in fields})
-                    if fields else ins.on_conflict_do_nothing())
-            conn.execute(stmt)
+            self._upsert_attempt(conn, trial_id, int(attempt), fields)
         return int(attempt)
+
+    def _upsert_attempt(self, conn: Any, trial_id: int, attempt: int,
+                        fields: dict[str, Any]) -> None:
+        """The ``trial_attempts`` row of ``attempt``: created with ``started_at`` now, or
+        its given provenance ``fields`` overwritten."""
+        a = TrialAttempt.__table__
+        ins = self._insert(a).values(trial_id=trial_id, attempt=attempt, started_at=now_utc(),
+                                     **fields)
+        conn.execute(ins.on_conflict_do_update(index_elements=["trial_id", "attempt"],
+                                               set_={k: ins.excluded[k] for k in fields})
+                     if fields else ins.on_conflict_do_nothing())
 
     def start_attempt(self, trial_id: int, provenance: dict[str, Any] | None = None, *,
                       restored_step: int | None = None) -> tuple[int, dict[str, int]]:
@@ -221,12 +223,8 @@ class Store(ResultWrites, Reads):
         per table)``."""
         from sqlalchemy import func, select
 
-        t, a = Trial.__table__, TrialAttempt.__table__
-        fields = dict(provenance or {})
-        allowed = {c.name for c in a.columns} - {"trial_id", "attempt", "started_at"}
-        unknown = set(fields) - allowed
-        if unknown:
-            raise QkgeomError(f"unknown provenance field(s) {', '.join(sorted(unknown))}")
+        t = Trial.__table__
+        fields = _provenance_fields(provenance or {})
         now = now_utc()
         with self._write() as conn:
             n = conn.execute(t.update().where(t.c.id == trial_id).values(
@@ -236,12 +234,7 @@ class Store(ResultWrites, Reads):
                 raise QkgeomError(f"no trial with id {trial_id} in {self.safe_url}")
             attempt = int(conn.execute(select(t.c.attempts).where(t.c.id == trial_id))
                           .scalar_one())
-            ins = self._insert(a).values(trial_id=trial_id, attempt=attempt, started_at=now,
-                                         **fields)
-            conn.execute(ins.on_conflict_do_update(
-                index_elements=["trial_id", "attempt"],
-                set_={k: ins.excluded[k] for k in fields}) if fields
-                else ins.on_conflict_do_nothing())
+            self._upsert_attempt(conn, trial_id, attempt, fields)
             cleared = self.clear_after(trial_id, restored_step, conn=conn)
         return attempt, cleared
 
@@ -336,3 +329,13 @@ class Store(ResultWrites, Reads):
         conn.execute(lease.delete().where(lease.c.sweep_id == sid))
         conn.execute(s.delete().where(s.c.id == sid))
         return {"trials": out.pop("trials"), **out}
+
+
+def _provenance_fields(provenance: dict[str, Any]) -> dict[str, Any]:
+    """The provenance columns of a ``trial_attempts`` row; unknown keys are refused."""
+    allowed = {c.name for c in TrialAttempt.__table__.columns} - {"trial_id", "attempt",
+                                                                  "started_at"}
+    unknown = set(provenance) - allowed
+    if unknown:
+        raise QkgeomError(f"unknown provenance field(s) {', '.join(sorted(unknown))}")
+    return dict(provenance)
