@@ -291,13 +291,14 @@ def plan_removal(store: Store, name: str, *, stopped: bool = False) -> SweepRemo
     sweeps = {r["name"]: json.loads(r["spec"]) for r in frame.iter_rows(named=True)}
     storage = (sweeps[name] or {}).get(STORAGE_KEY)
     locations = store.checkpoint_locations()
-    running = store.trials(name).filter(status="running")
+    trials = store.trials(name)
+    running = trials.filter(status="running")
     plan = SweepRemoval(name=name, db=store.safe_url, rows=store.sweep_row_counts(name),
                         storage=storage, running=sorted(running["trial_key"]))
     plan.live = _live(sweep_liveness(store, name), stopped)
     owner = _Ownership.of(name, sweeps, locations, here=database_identity(store),
                           origin=_origin(store, sid),
-                          trial_keys=tuple(store.trials(name)["trial_key"].to_list()))
+                          trial_keys=tuple(trials["trial_key"].to_list()))
     foreign = owner.foreign
     if foreign:
         plan.origin = owner.origin
