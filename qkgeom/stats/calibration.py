@@ -34,6 +34,7 @@ import numpy as np
 from qkgeom.stats import rules as R
 from qkgeom.stats.effects import directional_confidence
 from qkgeom.stats.hard_nulls import hard_rows
+from qkgeom.stats.hard_nulls import noise as ar1_noise  # kind 'ar1' by default
 from qkgeom.stats.rank_correlation import spearman_ci
 
 PROGRESS = np.arange(16) / 15  # the cpu preset: 1,500 steps, a probe every 100
@@ -52,19 +53,6 @@ def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
     c = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
     m = (p + z * z / (2 * n)) / (1 + z * z / n)
     return max(0.0, m - c), min(1.0, m + c)
-
-
-# --------------------------------------------------------------------------- claim 2
-
-
-def _ar1(rng: np.random.Generator, shape: tuple[int, ...], phi: float = 0.6,
-         sd: float = 0.4) -> np.ndarray:
-    e = rng.normal(0, sd * math.sqrt(1 - phi * phi), shape)
-    out = np.empty(shape)
-    out[..., 0] = rng.normal(0, sd, shape[:-1])
-    for j in range(1, shape[-1]):
-        out[..., j] = phi * out[..., j - 1] + e[..., j]
-    return out
 
 
 # --------------------------------------------------------------------------- claim 3
@@ -87,7 +75,7 @@ def claim3_groups(rng: np.random.Generator, rho: float = 0.0, rho2: float | None
 
         def metric(effect: np.ndarray, n: int = n, depth: int = depth,
                    layer: np.ndarray = layer) -> np.ndarray:
-            noise = np.moveaxis(_ar1(rng, (n, depth, STEPS), sd=0.5), 1, 2)
+            noise = np.moveaxis(ar1_noise(rng, (n, depth, STEPS), sd=0.5), 1, 2)
             return 3 * trend + layer + 0.7 * effect + noise
 
         x = metric(u)
