@@ -206,7 +206,8 @@ def write_trials(url: str, sweep: str, trials: list[dict[str, Any]], *,
     """Write trials whose layer-level metrics are given exactly.
 
     Each entry of ``trials``: depth, init, arm, seed, optional status (default
-    terminated) and ``values(step, layer) -> {metric: value}``.
+    terminated), ``values(step, layer) -> {metric: value}`` and optional
+    ``loss(step) -> validation loss`` (default 1.0 at every probe).
     """
     from qkgeom.store import open_store
 
@@ -221,8 +222,9 @@ def write_trials(url: str, sweep: str, trials: list[dict[str, Any]], *,
             for step in steps:
                 rows = [(layer, None, name, float(v)) for layer in range(t["depth"])
                         for name, v in t["values"](step, layer).items()]
+                loss = t["loss"](step) if "loss" in t else 1.0
                 recs.append(ProbeRecord(step=step, progress=step / max_steps, tokens=step,
-                                        train_loss=float("nan"), val_loss=1.0, lr=1e-3,
+                                        train_loss=float("nan"), val_loss=loss, lr=1e-3,
                                         tokens_per_s=0.0, metrics=rows))
             store.write_probes(tid, recs)
             store.set_trial_status(tid, t.get("status", "terminated"))

@@ -146,7 +146,7 @@ def test_report_correlation_needs_enough_trials(tmp_path):
 def test_report_correlation_rows_the_verdict_pooled_and_arms(planted_report):
     _, out = planted_report
     md = (out / "report.md").read_text()
-    table = md.split("### Correlations: across trials at the same step", 1)[1].split("###", 1)[0]
+    table = md.split("### Correlations: across trials at the same training progress", 1)[1].split("###", 1)[0]
     rows = [[c.strip() for c in r.split("|")[1:-1]] for r in table.splitlines()
             if r.startswith("| pr_k | entropy")]
     # the verdict's row (baseline, within strata), the pooled baseline row, one per arm
@@ -156,7 +156,7 @@ def test_report_correlation_rows_the_verdict_pooled_and_arms(planted_report):
     assert lo <= rho <= hi
     data = json.loads((out / "report.json").read_text())
     c3 = next(c for c in data["claims"] if c["key"] == "3")
-    assert "within-step Spearman(entropy, pr_k)" in c3["measured"]
+    assert "matched-progress Spearman(entropy, pr_k)" in c3["measured"]
 
 
 def test_report_states_its_scale_and_optimiser_beside_the_papers(tmp_path):

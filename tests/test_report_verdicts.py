@@ -305,3 +305,44 @@ def test_every_claim_has_every_verdict_in_the_matrix():
     assert set(seen) == claims
     for k in claims:
         assert seen[k] == {HOLDS, FAILS, NO_DATA}, k
+
+
+def test_claim3_training_speed_null_through_the_report(tmp_path):
+    """A hard null of claim 3 planted in a database: four trials train at speeds 1, 1.3,
+    1.6 and 2 (PR_K, entropy and the validation loss all follow the trial's own clock),
+    the slower trials have a higher PR_K offset (3, 2, 1, 0; the rank follows PR_K: that
+    half is true), and the entropy offsets (0, .006, -.006, .002) are not ordered with
+    them (Spearman 0). At the same step the faster trial is lower in both, so the retired
+    same-step statistic is at its smallest p, 1/24; at the same loss reached the entropy
+    half has rho 0 and the report says "does not hold"."""
+    import math
+
+    import polars as pl
+    from stats_fixtures import write_trials
+
+    from qkgeom import analysis as A
+    from qkgeom.analysis.correlation import stratified_groups
+    from qkgeom.stats import rules as R
+    from qkgeom.store import open_store
+
+    url = "sqlite:///" + str(tmp_path / "v.db")
+    trials = []
+    for i, (v, a, b) in enumerate(zip((1.0, 1.3, 1.6, 2.0), (3.0, 2.0, 1.0, 0.0),
+                                      (0.0, 0.006, -0.006, 0.002))):
+        def vals(step, layer, v=v, a=a, b=b):
+            e = math.exp(-3 * step / 10 * v)
+            pk = 10 + 10 * e + a + layer
+            return {"pr_q": pk + 5, "pr_k": pk, "qk_erank": 0.5 * pk + 1,
+                    "token_erank": 0.3 * pk + 2, "entropy": 2 + 0.5 * e + b + 0.01 * layer}
+        trials.append(dict(depth=2, init="gaussian", arm="none", seed=i, values=vals,
+                           loss=lambda step, v=v: 1.5 + 1.5 * math.exp(-2 * step / 10 * v)))
+    write_trials(url, "s", trials, steps=list(range(11)), max_steps=10)
+    with open_store(url) as store:
+        pts = A.metric_points(store, "s", ["pr_k", "entropy"]).filter(pl.col("step") > 0)
+    old = R.trial_permutation_p(*stratified_groups(pts, "pr_k", "entropy", align="step"),
+                                rng=np.random.default_rng(0))
+    assert old.p_value == pytest.approx(1 / 24, abs=0.01)
+    c = {c["key"]: c for c in report_json(url, tmp_path / "rep")["claims"]}["3"]
+    assert c["verdict"] == FAILS, c["measured"]
+    assert c["numbers"]["qk_erank~pr_k"]["within"]["p_value"] < 0.05
+    assert c["numbers"]["entropy~pr_k"]["within"]["rho"] == pytest.approx(0.0, abs=0.05)

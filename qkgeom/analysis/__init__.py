@@ -46,7 +46,7 @@ from qkgeom.analysis.correlation import (
     correlate,
     correlation_points,
     metric_points,
-    within_step_correlation,
+    matched_progress_correlation,
 )
 from qkgeom.analysis.gap import (
     SignTestReport,
@@ -109,5 +109,5 @@ __all__ = [
     "resolve_scope", "resolve_sweep", "scope_fields", "sweep_name", "select_trials",
     "sign_test", "slopes", "study_scale", "summarise_gap", "sweep_trials", "test_loss_pairs",
     "trajectory_frame", "trial_rows", "unit_keys", "verdict_p", "window_label",
-    "window_units", "wide", "within_step_correlation",
+    "window_units", "wide", "matched_progress_correlation",
 ]

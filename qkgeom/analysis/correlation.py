@@ -13,7 +13,7 @@ from qkgeom.analysis.common import AnalysisError, make_rng, require_rows
 from qkgeom.analysis.scope import scope_fields
 from qkgeom.analysis.trials import check_metric, select_trials
 from qkgeom.records import METRICS
-from qkgeom.store.queries import layer_values
+from qkgeom.store.queries import layer_values, probe_losses
 
 if TYPE_CHECKING:
     from qkgeom.store import Store
@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 def metric_points(store: Store, sweep: str, metrics: list[str], *, arm: str | None = None,
                   finished_only: bool = True) -> pl.DataFrame:
     """One row per (trial, probe, layer), one column per metric (null where missing):
-    trial_id, depth, init, arm, seed, step, progress, layer, *metrics."""
+    trial_id, depth, init, arm, seed, step, progress, val_loss, layer, *metrics
+    (val_loss: the trial's validation loss at that probe, NaN where not stored)."""
     for m in metrics:
         check_metric(store, m)
     t = select_trials(store, sweep, arms=None if arm is None else [arm],
@@ -33,9 +34,12 @@ def metric_points(store: Store, sweep: str, metrics: list[str], *, arm: str | No
     for m in metrics:
         if m not in w.columns:
             w = w.with_columns(pl.lit(None, dtype=pl.Float64).alias(m))
-    return w.join(t.select("trial_id", "depth", "init", "arm", "seed"), on="trial_id").select(
-        "trial_id", "depth", "init", "arm", "seed", "step", "progress", "layer", *metrics).sort(
-        ["trial_id", "step", "layer"])
+    loss = probe_losses(store, t["trial_id"].to_list())
+    return w.join(t.select("trial_id", "depth", "init", "arm", "seed"), on="trial_id").join(
+        loss, on=["trial_id", "step"], how="left").with_columns(
+        pl.col("val_loss").fill_null(float("nan"))).select(
+        "trial_id", "depth", "init", "arm", "seed", "step", "progress", "val_loss", "layer",
+        *metrics).sort(["trial_id", "step", "layer"])
 
 
 def correlation_points(store: Store, sweep: str, *, x: str, y: str, arm: str | None = None,
@@ -132,12 +136,58 @@ def stratified_groups(points: pl.DataFrame, x: str, y: str, *, group: str = "dep
     return xs, ys
 
 
-def within_step_correlation(points: pl.DataFrame, *, x: str, y: str, seed: int = 0,
-                            group: str = "depth") -> stats.StratifiedCorrelation:
-    """Spearman of ``x`` and ``y`` across trials at the same step, ``group`` and layer,
+def matched_progress_correlation(points: pl.DataFrame, *, x: str, y: str, seed: int = 0,
+                                 group: str = "depth") -> stats.StratifiedCorrelation:
+    """Spearman of ``x`` and ``y`` across trials at the same training progress (the same
+    validation loss reached, :func:`stats.rules.align_by_loss`), ``group`` and layer,
     pooled, with its one-sided trial-permutation p (:func:`stats.rules.trial_permutation_p`):
-    a training-time trend or layer profile that both metrics share cannot make it."""
+    a training-time trend, a layer profile or a trial's training speed that both metrics
+    share cannot make it. Points without a validation loss are compared at the same step."""
     from qkgeom.stats import rules
 
-    xs, ys = stratified_groups(points, x, y, group=group)
+    xs, ys = stratified_groups(points, x, y, group=group, align="loss")
     return rules.trial_permutation_p(xs, ys, rng=make_rng(seed, 3))
+
+
+def stratified_groups(points: pl.DataFrame, x: str, y: str, *, group: str = "depth",
+                      align: str = "step") -> tuple[list[Any], list[Any]]:
+    """Per ``group`` value, ``x`` and ``y`` as arrays (trials, strata). ``align="step"``: a
+    stratum is one (step, layer) present with both metrics in every trial of the group;
+    ``"loss"``: one (progress level, layer), the metrics interpolated at levels of the
+    validation loss every trial reached (:func:`stats.rules.align_by_loss`; a group whose
+    trials' losses do not overlap is left out, one without losses stays at ``"step"``).
+    Strata with a missing value in any trial are dropped."""
+    import numpy as np
+
+    from qkgeom.stats import rules
+
+    xs, ys = [], []
+    pts = points.drop_nulls([x, y]).filter(pl.col(x).is_finite() & pl.col(y).is_finite())
+    for _, part in pts.group_by([group], maintain_order=True):
+        n_t = part["trial_id"].n_unique()
+        full = part.group_by(["step", "layer"]).agg(pl.col("trial_id").n_unique().alias("n")) \
+            .filter(pl.col("n") == n_t).select("step", "layer")
+        if align == "loss" and full.height:  # the steps with every layer, for alignment
+            per = full.group_by("step").agg(pl.len().alias("k"))
+            full = full.join(per.filter(pl.col("k") == per["k"].max()).select("step"),
+                             on="step")
+        part = part.join(full, on=["step", "layer"]).sort(["trial_id", "step", "layer"])
+        if part.height == 0 or n_t < 2:
+            continue
+        n_s = part["step"].n_unique()
+        n_l = part.height // (n_t * n_s)
+        xa = np.asarray(part[x].to_numpy(), dtype=float).reshape(n_t, -1)
+        ya = np.asarray(part[y].to_numpy(), dtype=float).reshape(n_t, -1)
+        if align == "loss" and n_l and "val_loss" in part.columns and n_s >= 2:
+            loss = np.asarray(part["val_loss"].to_numpy(), dtype=float).reshape(
+                n_t, n_s, n_l)[:, :, 0]
+            if np.isfinite(loss).any():
+                al = rules.align_by_loss(xa.reshape(n_t, n_s, n_l), ya.reshape(n_t, n_s, n_l),
+                                         loss)
+                if al is None:
+                    continue
+                xa, ya = al
+        ok = np.isfinite(xa).all(axis=0) & np.isfinite(ya).all(axis=0)
+        xs.append(xa[:, ok])
+        ys.append(ya[:, ok])
+    return xs, ys

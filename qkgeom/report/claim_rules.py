@@ -29,9 +29,10 @@ RULES = [
     f"'2-slopes-late' from training progress {R.LATE_FROM:g}, a window fixed in advance "
     "(after warm-up and the initial collapse), same rule.",
     "Claim 3: on the baseline arm after step 0, the Spearman correlations of PR_K with the "
-    "interaction rank and with attention entropy, taken across trials at the same step, "
-    "depth and layer (so a training-time trend or layer profile both share cannot make "
-    f"them), are each positive with a one-sided trial-permutation p < {ALPHA}.",
+    "interaction rank and with attention entropy, taken across trials at the same training "
+    "progress (each metric interpolated at levels of the validation loss every trial of the "
+    "depth reached), depth and layer (so a training-time trend, a layer profile or a "
+    "trial's training speed that both share cannot make them), are each positive with a one-sided trial-permutation p < {ALPHA}.",
     "Claim 4: per arm, an exact sign-flip permutation test of the mean paired entropy delta "
     "in the predicted direction; the arms that share a baseline are one family (Holm), and "
     f"an arm holds if its adjusted p < {ALPHA}. With fewer paired seeds than the family "

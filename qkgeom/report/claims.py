@@ -218,10 +218,10 @@ def _correlation_rows(pts: Any, x: str, y: str, seed: int) -> tuple[dict[str, An
 
     after = pts.filter(pl.col("step") > 0)
     base = after.filter(pl.col("arm") == A.BASELINE_ARM)
-    w = A.within_step_correlation(base, x=x, y=y, seed=seed)
+    w = A.matched_progress_correlation(base, x=x, y=y, seed=seed)
     res: dict[str, Any] = {"within": w.to_dict()}
     rows = [{"x": x, "y": y, "trials": f"{A.BASELINE_ARM} (the verdict)",
-             "how": "across trials at the same step, depth and layer", "n_trials": w.n_trials,
+             "how": "across trials at the same progress (loss reached), depth and layer", "n_trials": w.n_trials,
              "rho": w.rho, "p (one-sided)": w.p_value, "ci_low": None, "ci_high": None}]
     try:
         xy = base.drop_nulls([x, y])
@@ -237,10 +237,10 @@ def _correlation_rows(pts: Any, x: str, y: str, seed: int) -> tuple[dict[str, An
     except QkgeomError as e:
         res["pooled"] = {"error": str(e)}
     for arm in sorted(set(after["arm"].to_list()) - {A.BASELINE_ARM}):
-        r = A.within_step_correlation(after.filter(pl.col("arm") == arm), x=x, y=y, seed=seed)
+        r = A.matched_progress_correlation(after.filter(pl.col("arm") == arm), x=x, y=y, seed=seed)
         res[f"arm {arm}"] = r.to_dict()
-        rows.append({"x": x, "y": y, "trials": arm, "how": "across seeds at the same step "
-                     "and layer", "n_trials": r.n_trials, "rho": r.rho,
+        rows.append({"x": x, "y": y, "trials": arm, "how": "across seeds at the same progress "
+                     "(loss reached) and layer", "n_trials": r.n_trials, "rho": r.rho,
                      "p (one-sided)": r.p_value, "ci_low": None, "ci_high": None})
     return res, rows
 
@@ -276,15 +276,16 @@ def correlation_claim(store: Store, sweep: str, fin: bool, seed: int) -> ClaimSe
     else:
         verdict = R.both_rule([m["p_value"] for m in main])
         measured = "; ".join(
-            f"within-step Spearman({y}, {x}) = {A.fmt(res[f'{y}~{x}']['within']['rho'])}, "
+            f"matched-progress Spearman({y}, {x}) = {A.fmt(res[f'{y}~{x}']['within']['rho'])}, "
             f"p = {A.fmt(res[f'{y}~{x}']['within']['p_value'])}"
             + (f" (pooled {A.fmt(res[f'{y}~{x}']['pooled']['rho'])})"
                if "rho" in res[f"{y}~{x}"].get("pooled", {}) else "")
             for x, y in CORRELATION_PAIRS[:2])
         measured += (f" (baseline arm, steps > 0, {main[0]['n_trials']} trials, "
-                     f"{main[0]['n_strata']} (step, depth, layer) strata; p from "
+                     f"{main[0]['n_strata']} (progress level, depth, layer) strata; p from "
                      f"{main[0]['n_perm']} permutations of trials within depth)")
-    section = Section("Correlations: across trials at the same step, depth and layer (the "
+    section = Section("Correlations: across trials at the same training progress (validation loss "
+                      "reached), depth and layer (the "
                       "verdict), pooled (descriptive), and each arm on its own",
                       tables=[("", rows)], figure="correlation",
                       caption="attention entropy against key-activation PR_K")

@@ -13,8 +13,9 @@ models):
 * ``collapse-shared-drift``: the same plus a slow drift per trajectory (slope N(0, 1) per
   unit of progress) shared by PR_Q and PR_K.
 * ``trials-shared-trend`` (claim 3): PR_K and the two other metrics of each trial follow
-  one training-time trend (falling early) and one layer profile, with trial effects
-  independent between the metrics.
+  one training-time trend (falling early) and a layer profile each, with trial effects
+  independent between the metrics; each trial also has a validation loss falling on its
+  own time course (:func:`qkgeom.stats.hard_nulls.claim3_groups`).
 * ``paired-null`` (claim 4, reality checks): per seed, baseline and each arm N(0, 1)
   (three arms share the baseline, so their deltas correlate 0.5).
 * ``iid-checkpoints`` (claim 5): i.i.d. N(0, 1) values at 5-30 checkpoints; the link's
@@ -33,8 +34,7 @@ import numpy as np
 
 from qkgeom.stats import rules as R
 from qkgeom.stats.effects import directional_confidence
-from qkgeom.stats.hard_nulls import hard_rows
-from qkgeom.stats.hard_nulls import noise as ar1_noise  # kind 'ar1' by default
+from qkgeom.stats.hard_nulls import claim3_groups, claim3_verdict, hard_rows
 from qkgeom.stats.rank_correlation import spearman_ci
 
 PROGRESS = np.arange(16) / 15  # the cpu preset: 1,500 steps, a probe every 100
@@ -57,50 +57,11 @@ def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
 
 # --------------------------------------------------------------------------- claim 3
 
-GROUPS = ((2, 6), (3, 6), (4, 9))  # depth, baseline trials (grid + the arms' extra seeds)
-STEPS = 15  # probes after step 0
-
-
-def claim3_groups(rng: np.random.Generator, rho: float = 0.0, rho2: float | None = None
-                  ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
-    """PR_K, interaction rank and entropy per depth group: (trials, steps x layers).
-    Shared training-time trend and layer profile; trial effects correlated ``rho``
-    between PR_K and the interaction rank, ``rho2`` (default ``rho``) between PR_K and
-    entropy (0 under the null)."""
-    trend = np.exp(-np.arange(1, STEPS + 1) / 3.0)[:, None]
-    xs, ys, zs = [], [], []
-    for depth, n in GROUPS:
-        layer = rng.normal(0, 1, (1, 1, depth))
-        u = rng.normal(0, 1, (n, 1, 1))
-
-        def metric(effect: np.ndarray, n: int = n, depth: int = depth,
-                   layer: np.ndarray = layer) -> np.ndarray:
-            noise = np.moveaxis(ar1_noise(rng, (n, depth, STEPS), sd=0.5), 1, 2)
-            return 3 * trend + layer + 0.7 * effect + noise
-
-        x = metric(u)
-        yz = []
-        for r in (rho, rho if rho2 is None else rho2):
-            w = r * u + math.sqrt(1 - r * r) * rng.normal(0, 1, (n, 1, 1))
-            yz.append(metric(w))
-        xs.append(x.reshape(n, -1))
-        ys.append(yz[0].reshape(n, -1))
-        zs.append(yz[1].reshape(n, -1))
-    return xs, ys, zs
-
-
-def claim3_verdict(rng: np.random.Generator, rho: float = 0.0, rho2: float | None = None, *,
-                   n_perm: int = 999) -> str:
-    xs, ys, zs = claim3_groups(rng, rho, rho2)
-    p1 = R.trial_permutation_p(xs, ys, rng=rng, n_perm=n_perm).p_value
-    p2 = R.trial_permutation_p(xs, zs, rng=rng, n_perm=n_perm).p_value
-    return R.both_rule([p1, p2])
-
-
 def claim3_retired(rng: np.random.Generator) -> str:
     """The retired rule: one pooled Spearman over every probe including step 0 (both
     metrics at their maximum), CI from a cluster bootstrap over trials, both CIs > 0."""
-    xs, ys, zs = claim3_groups(rng)
+    xs, ys, zs, _ = (g if k == 3 else [a.reshape(a.shape[0], -1) for a in g]
+                     for k, g in enumerate(claim3_groups(rng)))
     oks = []
     for other in (ys, zs):
         x, y, c = [], [], []

@@ -153,20 +153,24 @@ STEPS = 15  # probes after step 0
 
 
 def claim3_groups(rng: np.random.Generator, rho: float = 0.0, rho2: float | None = None, *,
-                  speed: float = 0.0, seed_sd: float = 0.0, phi: float = 0.6
-                  ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
-    """PR_K, interaction rank and entropy per depth group, (trials, steps x layers): a
-    training-time trend exp(-step v / 3) with the trial's speed v (log-sd ``speed``) shared
-    by the three metrics, a layer profile, trial effects correlated ``rho`` (rank) and
-    ``rho2`` (entropy) with PR_K's, per-metric seed effects (sd ``seed_sd``, shared by a
-    seed's trials in every depth and init), AR(1) noise over steps."""
+                  speed: float = 0.0, seed_sd: float = 0.0, phi: float = 0.6,
+                  loss_sd: float = 0.02) -> tuple[list[np.ndarray], ...]:
+    """PR_K, interaction rank, entropy and validation loss per depth group. The metrics
+    are (trials, steps, layers): a training-time trend exp(-step v / 3) with the trial's
+    speed v (log-sd ``speed``) shared by the three metrics, a layer profile, trial effects
+    correlated ``rho`` (rank) and ``rho2`` (entropy) with PR_K's, per-metric seed effects
+    (sd ``seed_sd``, shared by a seed's trials in every depth and init), AR(1) noise over
+    steps. The loss is (trials, steps): 1.5 + 2 exp(-step v / 5) with the same speed (a
+    different time course from the metrics', so they are not linear in it) and AR(1) noise
+    of sd ``loss_sd``."""
     steps = np.arange(1, STEPS + 1)[None, :, None]
     seeds = {d: [s for s in range(GRID_SEEDS) for _ in range(INITS)] for d, _ in GROUPS}
     seeds[ARM_CELL[0]] += list(range(GRID_SEEDS, ARM_SEEDS))
     seed_fx = rng.normal(0, seed_sd, (3, ARM_SEEDS))
-    out: list[list[np.ndarray]] = [[], [], []]
+    out: list[list[np.ndarray]] = [[], [], [], []]
     for depth, n in GROUPS:
-        trend = 3 * np.exp(-steps * np.exp(speed * rng.normal(size=(n, 1, 1))) / 3.0)
+        v = np.exp(speed * rng.normal(size=(n, 1, 1)))
+        trend = 3 * np.exp(-steps * v / 3.0)
         u = rng.normal(0, 1, (n, 1, 1))
         w = [u] + [r * u + math.sqrt(1 - r * r) * rng.normal(0, 1, (n, 1, 1))
                    for r in (rho, rho if rho2 is None else rho2)]
@@ -174,17 +178,28 @@ def claim3_groups(rng: np.random.Generator, rho: float = 0.0, rho2: float | None
         for m in range(3):
             e = np.moveaxis(noise(rng, (n, depth, STEPS), phi=phi, sd=0.5), 1, 2)
             layer = rng.normal(0, 1, (1, 1, depth))
-            v = trend + layer + 0.7 * w[m] + seed_fx[m, sd][:, None, None] + e
-            out[m].append(v.reshape(n, -1))
-    return out[0], out[1], out[2]
+            out[m].append(trend + layer + 0.7 * w[m] + seed_fx[m, sd][:, None, None] + e)
+        out[3].append(1.5 + 2 * np.exp(-steps[..., 0] * v[..., 0] / 5.0)
+                      + noise(rng, (n, STEPS), sd=loss_sd))
+    return out[0], out[1], out[2], out[3]
 
 
 def claim3_verdict(rng: np.random.Generator, rho: float = 0.0, rho2: float | None = None, *,
-                   n_perm: int = 999, **kw: Any) -> str:
-    xs, ys, zs = claim3_groups(rng, rho, rho2, **kw)
-    p1 = R.trial_permutation_p(xs, ys, rng=rng, n_perm=n_perm).p_value
-    p2 = R.trial_permutation_p(xs, zs, rng=rng, n_perm=n_perm).p_value
-    return R.both_rule([p1, p2])
+                   n_perm: int = 999, align: bool = True, **kw: Any) -> str:
+    """Claim 3's rule on one simulated study: both correlations across trials at the same
+    training progress (``align``; False: at the same step, the rule it replaced)."""
+    xs, ys, zs, ls = claim3_groups(rng, rho, rho2, **kw)
+    ps = []
+    for other in (ys, zs):
+        gx, gy = [], []
+        for x, y, loss in zip(xs, other, ls):
+            al = R.align_by_loss(x, y, loss) if align else (
+                x.reshape(x.shape[0], -1), y.reshape(y.shape[0], -1))
+            if al is not None:
+                gx.append(al[0])
+                gy.append(al[1])
+        ps.append(R.trial_permutation_p(gx, gy, rng=rng, n_perm=n_perm).p_value)
+    return R.both_rule(ps)
 
 
 CLAIM3_NULLS = {"training speed log-sd 0.6 shared by the metrics": {"speed": 0.6},
@@ -192,7 +207,11 @@ CLAIM3_NULLS = {"training speed log-sd 0.6 shared by the metrics": {"speed": 0.6
                     {"seed_sd": 1.0},
                 "AR(1) phi 0.9 over probes": {"phi": 0.9},
                 "only the rank linked (rho 0.9) + speed log-sd 0.6":
-                    {"rho": 0.9, "rho2": 0.0, "speed": 0.6}}
+                    {"rho": 0.9, "rho2": 0.0, "speed": 0.6},
+                "only entropy linked (rho 0.9) + speed log-sd 0.6":
+                    {"rho": 0.0, "rho2": 0.9, "speed": 0.6},
+                "only the rank linked + speed log-sd 1.0, loss noise sd 0.05":
+                    {"rho": 0.9, "rho2": 0.0, "speed": 1.0, "loss_sd": 0.05}}
 
 
 # --------------------------------------------------------------------------- claim 4
@@ -318,6 +337,9 @@ def hard_rows(add: Callable[..., None], reps: int, retired: bool = True) -> None
                     claim2_verdicts(*runs(g, **kw))[name] == R.HOLDS)
     for scen, kw in CLAIM3_NULLS.items():
         add("3", scen, "null", "-", slow, lambda g, kw=kw: claim3_verdict(g, **kw) == R.HOLDS)
+        if retired and kw.get("speed"):
+            add("3 (retired: same step)", scen, "null", "-", slow, lambda g, kw=kw:
+                claim3_verdict(g, align=False, **kw) == R.HOLDS)
     add("3", "trial effects rho 0.6 + speed log-sd 0.6", "power", "rho 0.6", slow,
         lambda g: claim3_verdict(g, 0.6, speed=0.6) == R.HOLDS)
     signs = [-1, 1, -1]

@@ -11,7 +11,8 @@ functions on simulated data, so what is calibrated is what decides the report.
   and initial draw. :func:`gap_rule` and :func:`slopes_rule` (trajectories as units) are
   retired, kept for the calibration's comparison.
 * :func:`stratified_spearman` and :func:`trial_permutation_p` (claim 3: the correlation
-  across trials at the same step, depth and layer, so a shared training-time trend or a
+  across trials at the same training progress (:func:`align_by_loss`), depth and layer,
+  so a shared training-time trend, a trial's training speed or a
   layer effect cannot make it).
 * :func:`sign_flip_p`, :func:`holm` and :func:`arm_family_rule` (claim 4: an exact
   sign-flip permutation test per arm, Holm's step-down over the arms sharing a baseline).
@@ -126,7 +127,8 @@ def _centred_ranks(a: np.ndarray) -> np.ndarray:
 
 @dataclass
 class StratifiedCorrelation(ResultDict):
-    """Spearman across trials within strata (same step, depth and layer), pooled.
+    """Spearman across trials within strata (same step or progress level, depth and layer),
+    pooled.
 
     ``rho`` = sum of within-stratum products of centred ranks over the square root of the
     product of their sums of squares; ``p_value`` is one-sided (predicted > 0) from
@@ -185,6 +187,47 @@ def trial_permutation_p(x_groups: list[np.ndarray], y_groups: list[np.ndarray], 
     perm /= den
     p = (1 + int((perm >= obs - 1e-12).sum())) / (1 + n_perm)
     return StratifiedCorrelation(obs, p, n_trials, n_strata, n_perm, 1.0 / orders)
+
+
+def align_by_loss(x: np.ndarray, y: np.ndarray, loss: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray] | None:
+    """Two metrics of a group of trials re-indexed by training progress instead of step.
+
+    ``x`` and ``y`` are ``(trials, steps, layers)``, ``loss`` ``(trials, steps)``, steps
+    in order. A trial's progress at a probe is the best validation loss it has reached
+    so far (the running minimum, NaN skipped); each metric is interpolated linearly
+    against it at ``steps`` levels spaced evenly over the range every trial of the group
+    passes through. A trial that trains faster is further along at the same step in
+    every metric at once, so at the same step its PR_K and its entropy are both lower
+    whether or not they are linked; at the same loss reached they are compared at the
+    same point of training. Returns ``(trials, levels * layers)`` arrays, or None when
+    the trials' ranges do not overlap (or a trial has no finite loss); trials whose
+    losses are equal at every step are already aligned (returned as they are).
+    """
+    n, s = loss.shape
+    if np.isfinite(loss).all() and np.allclose(loss, loss[:1], rtol=0, atol=1e-12):
+        return x.reshape(n, -1), y.reshape(n, -1)  # the same loss at every step: no shift
+    best = np.fmin.accumulate(np.where(np.isfinite(loss), loss, np.inf), axis=1)
+    if not np.isfinite(best[:, -1]).all():
+        return None
+    lo = float(best[:, -1].max())
+    first = np.where(np.isfinite(best), best, -np.inf).max(axis=1)  # the first finite
+    hi = float(first.min())
+    if not hi > lo:
+        return None
+    levels = np.linspace(lo, hi, s)
+    out = []
+    for a in (x, y):
+        al = np.empty((n, s, a.shape[2]))
+        for t in range(n):
+            ok = np.isfinite(best[t])
+            # the first probe at which each level was reached (np.unique keeps the first)
+            vals, idx = np.unique(best[t][ok], return_index=True)
+            rows = a[t][ok][idx]
+            for la in range(a.shape[2]):
+                al[t, :, la] = np.interp(levels, vals, rows[:, la])
+        out.append(al[:, ::-1].reshape(n, -1))  # from the highest loss (earliest) down
+    return out[0], out[1]
 
 
 def both_rule(p_values: list[float], alpha: float = ALPHA) -> str:

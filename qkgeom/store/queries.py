@@ -73,6 +73,20 @@ def layer_values(store: Store, trial_ids: Sequence[int], metrics: Sequence[str]
                            pl.col("value").cast(pl.Float64).fill_null(float("nan")))
 
 
+def probe_losses(store: Store, trial_ids: Sequence[int]) -> pl.DataFrame:
+    """The validation loss at every probe of ``trial_ids``: trial_id, step, val_loss (NaN
+    for NULL)."""
+    import polars as pl
+
+    if not trial_ids:
+        return pl.DataFrame(schema={"trial_id": pl.Int64, "step": pl.Int64,
+                                    "val_loss": pl.Float64})
+    df = store.sql(_with_lists("SELECT trial_id, step, val_loss FROM probes "
+                               "WHERE trial_id IN :ids", "ids"),
+                   {"ids": [int(i) for i in trial_ids]})
+    return df.with_columns(pl.col("val_loss").cast(pl.Float64).fill_null(float("nan")))
+
+
 def sweep_layer_values(store: Store, sweep_id: int, metric: str, *, arm: str | None = None,
                        status: str | None = None) -> pl.DataFrame:
     """Layer-level ``metric`` of every trial of sweep ``sweep_id`` (optionally one arm,
