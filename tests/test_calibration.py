@@ -59,8 +59,10 @@ def test_arm_family_needs_six_seeds_for_three_arms():
     six = {a: np.arange(1, 7) * s for a, s in signs.items()}
     fam = R.arm_family_rule(six, signs)
     assert all(v["verdict"] == R.HOLDS and v["p"] == 1 / 64 for v in fam.values())
-    six["hold"] = -six["hold"]  # the wrong direction
-    assert R.arm_family_rule(six, signs)["hold"]["verdict"] == R.FAILS
+    six["hold"] = -six["hold"]  # the wrong direction in every seed: opposite p 1/64
+    assert R.arm_family_rule(six, signs)["hold"]["verdict"] == R.CONTRADICTED
+    six["hold"] = np.array([1.0, -1.0, 2.0, -2.0, 3.0, -3.0])  # no direction at all
+    assert R.arm_family_rule(six, signs)["hold"]["verdict"] == R.NOT_SHOWN
 
 
 def test_within_stratum_spearman_equals_scipy_for_one_stratum():
@@ -134,7 +136,7 @@ def test_several_rule_markov_level():
     assert R.binom_tail(2, 3, 0.05) == pytest.approx(ss.binom.sf(1, 3, 0.05))
     assert R.several_level(3) == pytest.approx(0.1 / 3) and R.several_level(2) == 0.05
     assert R.several_rule([0.03, 0.03, 0.9]) == R.HOLDS
-    assert R.several_rule([0.04, 0.04, 0.01]) == R.FAILS  # only 0.01 < 0.033
+    assert R.several_rule([0.04, 0.04, 0.01]) == R.NOT_SHOWN  # only 0.01 < 0.033
     assert R.several_rule([0.01]) == R.NO_DATA
     # the bound holds under any dependence: perfectly dependent models, each p uniform,
     # all equal: P(at least two below 2 alpha / m) = 2 alpha / m <= alpha
@@ -179,19 +181,19 @@ def test_seed_rules_by_hand():
     assert R.seed_means(v, seeds).tolist() == pytest.approx(want)
     assert R.seed_gap_rule(np.ones(27), np.ones(5)) == R.HOLDS  # 1/32
     assert R.seed_gap_rule(np.ones(27), np.ones(4)) == R.NO_DATA  # 1/16 at best
-    assert R.seed_gap_rule(np.ones(27), np.r_[np.ones(4), -1]) == R.FAILS  # 6/32
-    assert R.seed_gap_rule(np.r_[np.ones(26), -1], np.ones(8)) == R.FAILS
+    assert R.seed_gap_rule(np.ones(27), np.r_[np.ones(4), -1]) == R.NOT_SHOWN  # 6/32
+    assert R.seed_gap_rule(np.r_[np.ones(26), -1], np.ones(8)) == R.NOT_SHOWN
     assert R.seed_slopes_rule(np.ones(5), -np.ones(5)) == R.HOLDS
-    assert R.seed_slopes_rule(np.ones(5), np.r_[-np.ones(4), 1]) == R.FAILS
+    assert R.seed_slopes_rule(np.ones(5), np.r_[-np.ones(4), 1]) == R.NOT_SHOWN
     assert R.seed_slopes_rule(np.ones(4), -np.ones(4)) == R.NO_DATA
 
 
 def test_gap_and_slopes_rules():
     assert R.gap_rule(np.ones(27)) == R.HOLDS
-    assert R.gap_rule(np.r_[np.ones(26), -1]) == R.FAILS
+    assert R.gap_rule(np.r_[np.ones(26), -1]) == R.NOT_SHOWN
     assert R.gap_rule(np.ones(3)) == R.NO_DATA  # p = 1/8
     assert R.slopes_rule(np.ones(20), -np.ones(20)) == R.HOLDS
-    assert R.slopes_rule(np.ones(20), np.ones(20)) == R.FAILS
+    assert R.slopes_rule(np.ones(20), np.ones(20)) == R.NOT_SHOWN
 
 
 # --------------------------------------------------------------------------- null rates

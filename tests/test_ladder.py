@@ -15,7 +15,7 @@ import pytest
 from helpers import invoke
 
 from qkgeom.records import ProbeRecord
-from qkgeom.report.claims import FAILS, HOLDS, NO_DATA
+from qkgeom.report.claims import CONTRADICTED, HOLDS, NO_DATA
 
 STEPS = [0, 50, 100]
 INITS = ("gaussian", "tied", "orthogonal")
@@ -77,13 +77,13 @@ def test_the_ladder_column_is_decided_from_the_ladder_sweep(dbs, tmp_path):
                     f"ladder@{dbs['ladder'].removeprefix('sqlite:///')}")
     gap = js["ladder"]["2-gap"]
     # the report's own sweep is a cell of the column; +1 gap holds, -1 does not
-    assert gap["cells"] == {"cpu": HOLDS, "e48": HOLDS, "e64": FAILS}
+    assert gap["cells"] == {"cpu": HOLDS, "e48": HOLDS, "e64": CONTRADICTED}
     assert gap["summary"] == ("holds in 2 of 3 cells; flips with n_embd "
-                              "(48 -> 64: holds -> does not hold)")
+                              "(48 -> 64: holds -> contradicted)")
     assert "| on the ladder (this sweep, ladder) |" in md
     row = next(ln for ln in md.splitlines() if ln.startswith("| 2-gap |"))
     assert row.endswith("| holds in 2 of 3 cells; flips with n_embd (48 -> 64: holds -> "
-                        "does not hold) |")
+                        "contradicted) |")
     verdicts = {c["key"]: c["verdict"] for c in js["claims"]}
     assert verdicts["2-gap"] == HOLDS  # the report's own verdict is its sweep's
     assert {k: digest(u) for k, u in dbs.items()} == before
@@ -96,12 +96,12 @@ def test_the_ladder_column_names_the_width_where_the_reported_sweep_differs(dbs,
     plant(wide, "wide", {None: ({"n_embd": 128, "lr": 1e-3}, 1.0)})
     js, md = report(tmp_path, wide, "--sweep", "wide", "--ladder", f"ladder@{dbs['ladder']}")
     gap = js["ladder"]["2-gap"]
-    assert gap["cells"] == {"wide": HOLDS, "e48": HOLDS, "e64": FAILS}
+    assert gap["cells"] == {"wide": HOLDS, "e48": HOLDS, "e64": CONTRADICTED}
     assert gap["summary"] == ("holds in 2 of 3 cells; flips with n_embd (48 -> 64: holds -> "
-                              "does not hold; 64 -> 128: does not hold -> holds)")
+                              "contradicted; 64 -> 128: contradicted -> holds)")
     js, _ = report(tmp_path, dbs["ladder"], "--sweep", "ladder", "--where", "cell=e64",
                    "--ladder", "ladder")  # a cell of the ladder itself is not counted twice
-    assert js["ladder"]["2-gap"]["cells"] == {"e48": HOLDS, "e64": FAILS}
+    assert js["ladder"]["2-gap"]["cells"] == {"e48": HOLDS, "e64": CONTRADICTED}
 
 
 def test_without_a_ladder_the_column_says_how_to_get_one(dbs, tmp_path):
@@ -118,7 +118,7 @@ def test_sweeps_of_two_databases_compared_as_cells(dbs, tmp_path):
                     f"ladder@{dbs['ladder']}")
     cells = {c["label"]: {k["key"]: k["verdict"] for k in c["claims"]} for c in js["cells"]}
     assert list(cells) == ["cpu", "ladder/e48", "ladder/e64"]
-    assert [cells[c]["2-gap"] for c in cells] == [HOLDS, HOLDS, FAILS]
+    assert [cells[c]["2-gap"] for c in cells] == [HOLDS, HOLDS, CONTRADICTED]
     assert [f["name"] for f in js["factors"]] == ["n_embd"]
     sens = next(r for r in js["sensitivity"] if r["claim"] == "2-gap")
     assert sens["n_embd"].startswith("flips")
@@ -138,7 +138,8 @@ def test_sweeps_of_two_databases_compared_as_cells(dbs, tmp_path):
     # seed stability, 2-gap first: seed 0 / ... / seed 4 / all (one seed: not enough data)
     lines = md.splitlines()
     assert any(ln.startswith("| cpu | ? / ? / ? / ? / ? / holds |") for ln in lines)
-    assert any(ln.startswith("| ladder/e64 | no / no / no / no / no / no |") for ln in lines)
+    # e64: one seed alone cannot reach 5% either way; all five negative: contradicted
+    assert any(ln.startswith("| ladder/e64 | ? / ? / ? / ? / ? / contra |") for ln in lines)
     assert js["sweep"] == "cpu vs ladder"
     assert (tmp_path / "rep" / "fig-final-gap.png").stat().st_size > 1000  # faceted by cell
     assert "![PR_Q - PR_K at the last probe per layer, one panel per cell" in md
@@ -152,7 +153,7 @@ def test_sweeps_of_one_database_compared_and_filtered(dbs, tmp_path):
     assert invoke("db", "merge", "--from", dbs["cpu"], "--db", one).exit_code == 0
     js, _ = report(tmp_path, one, "--sweep", "cpu", "--compare", "ladder", "--seeds", "0")
     cells = {c["label"]: {k["key"]: k["verdict"] for k in c["claims"]} for c in js["cells"]}
-    assert [cells[c]["2-gap"] for c in cells] == [NO_DATA, NO_DATA, FAILS]  # one seed
+    assert [cells[c]["2-gap"] for c in cells] == [NO_DATA, NO_DATA, NO_DATA]  # one seed
     assert js["glance"]["cpu"]["gap_per_seed"] == {"0": [6, 6]}  # --seeds applies to all
     assert js["where"] == "seeds 0"
 

@@ -1,5 +1,5 @@
 """The report's verdict matrix: for every claim, planted databases that must give "holds",
-"does not hold" and "not enough data", with the rules' boundaries (RULES in
+"not shown" and "not enough data", with the rules' boundaries (RULES in
 qkgeom/report/render.py).
 
 Each row of CASES names a planted study (:func:`study`) and the verdicts it must produce
@@ -20,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 from stats_fixtures import write_trials
 
-HOLDS, FAILS, NO_DATA = "holds", "does not hold", "not enough data"
+HOLDS, NOT_SHOWN, CONTRA, NO_DATA = "holds", "not shown", "contradicted", "not enough data"
 STEPS, MAX_STEPS = [0, 5, 10], 10
 
 
@@ -141,13 +141,16 @@ CASES = [
     # 27 positive layers of one seed: the trajectory sign test says 2^-27, but it is one unit
     ("gap-27-layers-one-seed", dict(layers=[GOOD] * 27), {"2-gap": NO_DATA}),
     ("gap-one-negative-among-15",
-     dict(layers=[GOOD] * 14 + [(0.14, -0.04, -0.5)], seeds=FIVE), {"2-gap": FAILS}),
+     dict(layers=[GOOD] * 14 + [(0.14, -0.04, -0.5)], seeds=FIVE), {"2-gap": NOT_SHOWN}),
     ("gap-one-exact-zero", dict(layers=[GOOD] * 5 + [(0.14, -0.04, 0.0)], seeds=FIVE),
-     {"2-gap": FAILS}),
+     {"2-gap": NOT_SHOWN}),
     # seed 4's PR_K 2 higher: its gap is 1 - 2 = -1, every trajectory (mean over 5 seeds)
     # is 1 - 2/5 = 0.6 > 0; 4 of 5 seeds positive: p = 6/32 = 0.19
     ("gap-one-seed-negative", dict(layers=[GOOD] * 2, seeds=FIVE, seed_k=[0, 0, 0, 0, 2.0]),
-     {"2-gap": FAILS}),
+     {"2-gap": NOT_SHOWN}),
+    # every seed's gap negative: the opposite sign test over 5 seeds, p = 1/32 < 0.05
+    ("gap-negative-5-seeds", dict(layers=[(0.14, -0.04, -1.0)] * 2, seeds=FIVE),
+     {"2-gap": CONTRA}),
     ("gap-no-pr-values", dict(layers=[GOOD] * 5, seeds=FIVE, drop=("pr_q", "pr_k")),
      {"2-gap": NO_DATA, "2-slopes": NO_DATA, "2-slopes-late": NO_DATA}),
     # ---- claim 2 (slopes): over seeds, mean PR_Q slope up and mean PR_K slope down, each
@@ -158,23 +161,26 @@ CASES = [
     # 6 seeds all up: 1/64; seed 5's PR_Q slope 0.14 - 0.5 < 0: 5 of 6, p = 7/64 = 0.11
     ("slopes-6-of-6-seeds", dict(layers=[GOOD], seeds=SIX), {"2-slopes": HOLDS}),
     ("slopes-5-of-6-seeds", dict(layers=[GOOD], seeds=SIX, seed_q=[0, 0, 0, 0, 0, -0.5]),
-     {"2-slopes": FAILS}),
+     {"2-slopes": NOT_SHOWN}),
     ("slopes-pr-k-expands", dict(layers=[(0.14, 0.04, 1.0)] * 2, seeds=FIVE),
-     {"2-slopes": FAILS}),
+     {"2-slopes": NOT_SHOWN}),
+    # PR_Q falls in all 6 seeds: that half's opposite test p = 1/64 < 0.05 / 2
+    ("slopes-q-falls-6-seeds", dict(layers=[(-0.14, -0.04, 1.0)] * 2, seeds=SIX),
+     {"2-slopes": CONTRA, "2-slopes-late": CONTRA}),
     # ---- claim 2 (slopes from progress 0.25): same rule over the late window
     ("late-good", dict(layers=[GOOD] * 2, seeds=FIVE),
      {"2-slopes": HOLDS, "2-slopes-late": HOLDS}),
     ("late-dip-then-rise", dict(layers=[GOOD] * 2, seeds=FIVE, path=DIP_THEN_RISE,
                                 steps=PSTEPS),
-     {"2-slopes": FAILS, "2-slopes-late": HOLDS}),  # 5 of 5 seeds up: p = 1/32
+     {"2-slopes": NOT_SHOWN, "2-slopes-late": HOLDS}),  # 5 of 5 seeds up: p = 1/32
     ("late-dip-then-rise-4", dict(layers=[GOOD] * 2, seeds=FIVE[:4], path=DIP_THEN_RISE,
                                   steps=PSTEPS),
      {"2-slopes-late": NO_DATA}),  # 4 seeds: p = 1/16 at best
     ("late-collapse-at-half", dict(layers=[GOOD] * 2, seeds=FIVE, path=COLLAPSE_AT_HALF,
                                    steps=PSTEPS),
-     {"2-slopes": FAILS, "2-slopes-late": HOLDS}),
+     {"2-slopes": NOT_SHOWN, "2-slopes-late": HOLDS}),
     ("late-fall", dict(layers=[GOOD] * 2, seeds=FIVE, path=LATE_FALL, steps=PSTEPS),
-     {"2-slopes": FAILS, "2-slopes-late": FAILS}),  # 0 of 5 up: p = 1
+     {"2-slopes": NOT_SHOWN, "2-slopes-late": NOT_SHOWN}),  # 0 of 5 up: p = 1
     # ---- claim 3: across baseline trials at the same step and layer, PR_K with qk_erank
     # and with entropy, permutation p < 0.05 each. One depth: the smallest p is 1/n!
     ("corr-4-trials", dict(layers=[GOOD] * 2, seeds=(0, 1, 2, 3), seed_k=K4),
@@ -182,11 +188,15 @@ CASES = [
     ("corr-3-trials", dict(layers=[GOOD] * 2, seeds=(0, 1, 2), seed_k=K4[:3]),
      {"3": NO_DATA}),  # the smallest p is 1/6
     ("corr-entropy-falls-with-pr-k", dict(layers=[GOOD] * 2, seeds=(0, 1, 2, 3), seed_k=K4,
-                                          ent_coef=-1.0), {"3": FAILS}),
+                                          ent_coef=-1.0), {"3": NOT_SHOWN}),
+    # 5 trials, entropy falling with PR_K across them: the opposite p is 1/120 < 0.05 / 2
+    ("corr-entropy-falls-5-trials", dict(layers=[GOOD] * 2, seeds=FIVE,
+                                         seed_k=[0.0, 1.0, 2.0, 3.0, 4.0], ent_coef=-1.0),
+     {"3": CONTRA}),
     # entropy follows PR_K over training (the pooled Spearman is high) but across trials its
     # ranks (3, 1, 4, 2) against PR_K's (1, 2, 3, 4) give rho 0: a shared trend only
     ("corr-shared-trend-only", dict(layers=[GOOD] * 2, seeds=(0, 1, 2, 3), seed_k=K4,
-                                    ent_noise=[0.02, -0.01, 0.03, 0.0]), {"3": FAILS}),
+                                    ent_noise=[0.02, -0.01, 0.03, 0.0]), {"3": NOT_SHOWN}),
     ("corr-no-interaction-rank", dict(layers=[GOOD] * 2, seeds=(0, 1, 2, 3), seed_k=K4,
                                       drop=("qk_erank",)), {"3": NO_DATA}),
     # ---- claim 4: exact sign-flip p per arm, Holm over the arms present (a family of m
@@ -194,6 +204,10 @@ CASES = [
     ("dir-two-arms-6-seeds", dict(layers=[GOOD], seeds=SIX, arms={
         "shrink": [-0.3, -0.2, -0.4, -0.3, -0.1, -0.2], "hold": [0.3, 0.2, 0.1, 0.4, 0.2, 0.1]}),
      {"4-shrink": HOLDS, "4-hold": HOLDS, "reality-check": HOLDS}),  # 2/64 = 0.031 each
+    # hold's deltas cancel (mean 0): neither direction; shrink 1/64, Holm 2/64
+    ("dir-hold-no-direction", dict(layers=[GOOD], seeds=SIX, arms={
+        "shrink": [-0.3] * 6, "hold": [0.3, -0.3, 0.2, -0.2, 0.1, -0.1]}),
+     {"4-shrink": HOLDS, "4-hold": NOT_SHOWN}),
     ("dir-two-arms-5-seeds", dict(layers=[GOOD], seeds=FIVE, arms={"shrink": [-0.3] * 5,
                                                                  "hold": [0.3] * 5}),
      {"4-shrink": NO_DATA, "4-hold": NO_DATA}),  # 2 x 1/32 = 0.0625: cannot reach 0.05
@@ -205,15 +219,20 @@ CASES = [
     # |d| = .3 .2 .4 .3 .1 with the .1 against: the sums >= 1.1 are the observed and all
     # agreeing, p = 2/32 = 0.0625 (directional confidence would say 0.99)
     ("dir-4-of-5", dict(layers=[GOOD], seeds=FIVE,
-                        arms={"shrink": [-0.3, -0.2, -0.4, -0.3, 0.1]}), {"4-shrink": FAILS}),
+                        arms={"shrink": [-0.3, -0.2, -0.4, -0.3, 0.1]}), {"4-shrink": NOT_SHOWN}),
     ("dir-wrong-sign", dict(layers=[GOOD], seeds=SIX, arms={"shrink": [0.2] * 6,
                                                           "hold": [-0.2] * 6}),
-     {"4-shrink": FAILS, "4-hold": FAILS}),
+     # both go the opposite way in all 6 seeds: opposite-direction p = 2^-6 each, Holm
+     # over the 2 arms 2/64 = 0.031 < 0.05
+     {"4-shrink": CONTRA, "4-hold": CONTRA}),
     # ---- reality check: shrink's W_K PR below the baseline in every seed, >= 5 seeds
     ("keys-one-seed-not-lower",
      dict(layers=[GOOD], seeds=FIVE, arms={"shrink": [-0.3] * 5},
           key={"shrink": [-0.3, -0.3, -0.3, -0.3, 0.05]}),
-     {"reality-check": FAILS, "4-shrink": HOLDS}),
+     {"reality-check": NOT_SHOWN, "4-shrink": HOLDS}),
+    # W_K PR 30% above the baseline in all 5 seeds: the arm did the opposite of its name
+    ("keys-all-higher", dict(layers=[GOOD], seeds=FIVE, arms={"shrink": [-0.3] * 5},
+                             key={"shrink": [0.3] * 5}), {"reality-check": CONTRA}),
     ("keys-4-seeds", dict(layers=[GOOD], seeds=FIVE[:4], arms={"shrink": [-0.3] * 4}),
      {"reality-check": NO_DATA}),
     ("keys-no-arms", dict(layers=[GOOD] * 5), {"reality-check": NO_DATA, "4-shrink": NO_DATA}),
@@ -229,17 +248,21 @@ CASES = [
      {"4-shrink_act": NO_DATA}),
     ("act-4-of-5", dict(layers=[GOOD], seeds=FIVE,
                         arms={"shrink_act": [-0.3, -0.2, -0.4, -0.3, 0.1]}),
-     {"4-shrink_act": FAILS}),
+     {"4-shrink_act": NOT_SHOWN}),
     # each arm is judged on its own trials: shrink sharpens, shrink_act softens
     ("act-wrong-sign-beside-shrink", dict(layers=[GOOD], seeds=SIX,
                                           arms={"shrink": [-0.3] * 6,
                                                 "shrink_act": [0.2] * 6}),
-     {"4-shrink": HOLDS, "4-shrink_act": FAILS, "reality-check-act": HOLDS}),
+     # shrink_act higher in all 6: opposite p 1/64 (shrink's opposite p is 1), Holm 2/64
+     {"4-shrink": HOLDS, "4-shrink_act": CONTRA, "reality-check-act": HOLDS}),
     # PR_K lower in 4 of 5 seeds (seed 4 up 5%) while W_K PR is lower in all 5
     ("act-keys-one-seed-not-lower",
      dict(layers=[GOOD], seeds=FIVE, arms={"shrink_act": [-0.3] * 5},
           key={"shrink_act": [-0.3, -0.3, -0.3, -0.3, 0.05]}, wk={"shrink_act": [-0.3] * 5}),
-     {"reality-check-act": FAILS, "4-shrink_act": HOLDS}),
+     {"reality-check-act": NOT_SHOWN, "4-shrink_act": HOLDS}),
+    ("act-keys-all-higher", dict(layers=[GOOD], seeds=FIVE, arms={"shrink_act": [-0.3] * 5},
+                                 key={"shrink_act": [0.3] * 5}),
+     {"reality-check-act": CONTRA}),
     ("act-keys-no-pr-k", dict(layers=[GOOD], seeds=FIVE, arms={"shrink_act": [-0.3] * 5},
                               drop=("pr_k",)), {"reality-check-act": NO_DATA}),
     # ---- claim 5: several models (>= 2, each at 2 x 0.05 / models) with >= 8 checkpoints
@@ -252,11 +275,11 @@ CASES = [
                                                           "m/b": RISE_DECAY_8[:7]}),
      {"5": NO_DATA}),
     ("pre-monotonic", dict(layers=[GOOD], pretrained={"m/a": MONOTONIC_8,
-                                                      "m/b": MONOTONIC_8}), {"5": FAILS}),
+                                                      "m/b": MONOTONIC_8}), {"5": NOT_SHOWN}),
     ("pre-one-rises", dict(layers=[GOOD], pretrained={"m/a": RISE_DECAY_8,
-                                                      "m/b": MONOTONIC_8}), {"5": FAILS}),
+                                                      "m/b": MONOTONIC_8}), {"5": NOT_SHOWN}),
     ("pre-no-link", dict(layers=[GOOD], pretrained={"m/a": RISE_DECAY_8, "m/b": RISE_DECAY_8},
-                         links={"m/a": False, "m/b": False}), {"5": FAILS}),
+                         links={"m/a": False, "m/b": False}), {"5": NOT_SHOWN}),
     ("pre-none", dict(layers=[GOOD]), {"5": NO_DATA}),
 ]
 
@@ -292,7 +315,9 @@ def test_verdict_matrix(case, planted, expected, tmp_path):
     for c in rep["claims"]:
         if c["verdict"] != NO_DATA:
             assert c["key"] in calibration.CLAIM_RULES, c["key"]
-            assert not c["rule_error"].startswith("not calibrated"), (c["key"], c["rule_error"])
+            assert c["rule_error"].startswith("false holds <= "), (c["key"], c["rule_error"])
+            # and the size and power at this study's design, computed for it
+            assert c["size"] and c["power"][0].isdigit(), (c["key"], c["size"], c["power"])
 
 
 def test_every_claim_has_every_verdict_in_the_matrix():
@@ -300,11 +325,13 @@ def test_every_claim_has_every_verdict_in_the_matrix():
     for _, _, expected in CASES:
         for k, v in expected.items():
             seen.setdefault(k, set()).add(v)
-    claims = {"2-gap", "2-slopes", "2-slopes-late", "3", "4-shrink", "4-hold",
-              "4-shrink_act", "reality-check", "reality-check-act", "5"}
-    assert set(seen) == claims
-    for k in claims:
-        assert seen[k] == {HOLDS, FAILS, NO_DATA}, k
+    from qkgeom.stats.registry import REGISTRY
+
+    assert set(seen) == set(REGISTRY)  # every registered claim, nothing else
+    for k, s in REGISTRY.items():
+        # claim 5's "several models" has no opposite-direction test
+        words = {HOLDS, NOT_SHOWN, NO_DATA} | ({CONTRA} if s.kind != "several-models" else set())
+        assert seen[k] == words, k
 
 
 def test_claim3_training_speed_null_through_the_report(tmp_path):
@@ -314,7 +341,7 @@ def test_claim3_training_speed_null_through_the_report(tmp_path):
     half is true), and the entropy offsets (0, .006, -.006, .002) are not ordered with
     them (Spearman 0). At the same step the faster trial is lower in both, so the retired
     same-step statistic is at its smallest p, 1/24; at the same loss reached the entropy
-    half has rho 0 and the report says "does not hold"."""
+    half has rho 0 and the report says "not shown"."""
     import math
 
     import polars as pl
@@ -343,6 +370,6 @@ def test_claim3_training_speed_null_through_the_report(tmp_path):
                                 rng=np.random.default_rng(0))
     assert old.p_value == pytest.approx(1 / 24, abs=0.01)
     c = {c["key"]: c for c in report_json(url, tmp_path / "rep")["claims"]}["3"]
-    assert c["verdict"] == FAILS, c["measured"]
+    assert c["verdict"] == NOT_SHOWN, c["measured"]
     assert c["numbers"]["qk_erank~pr_k"]["within"]["p_value"] < 0.05
     assert c["numbers"]["entropy~pr_k"]["within"]["rho"] == pytest.approx(0.0, abs=0.05)

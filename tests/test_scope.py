@@ -12,7 +12,7 @@ import pytest
 from helpers import run
 
 from qkgeom.records import ProbeRecord
-from qkgeom.report.claims import FAILS, HOLDS
+from qkgeom.report.claims import HOLDS, NOT_SHOWN
 from qkgeom.report.sensitivity import (
     CellVerdicts,
     Factor,
@@ -118,8 +118,9 @@ def test_report_decides_each_cell_alone_and_finds_the_factor_that_flips(two_cell
                     str(tmp_path), "--boot", "200", "--format", "json")
     assert code == 0, out
     verdicts = json.loads(out)["verdicts"]
-    # every trajectory and seed positive in e48 (5 of 5 seeds, p = 1/32), none in e64
-    assert (verdicts["e48"]["2-gap"], verdicts["e64"]["2-gap"]) == (HOLDS, FAILS)
+    # every trajectory and seed positive in e48 (5 of 5 seeds, p = 1/32), every one
+    # negative in e64 (the opposite sign test, p = 1/32)
+    assert (verdicts["e48"]["2-gap"], verdicts["e64"]["2-gap"]) == (HOLDS, "contradicted")
     rep = json.loads((tmp_path / "report.json").read_text())
     assert [c["label"] for c in rep["cells"]] == ["e48", "e64"]
     assert rep["factors"] == [{"name": "n_embd", "with": []}]  # lr is the same in both
@@ -145,8 +146,8 @@ FACTORS = [Factor("n_embd", ("block_size",)), Factor("lr", ("min_lr",))]
 def test_sensitivity_flips_where_one_factor_changes_the_verdict_at_fixed_others():
     # holds only at width 64, lr 0.003: along n_embd it flips at lr=0.003 (48 -> 64) and
     # not at lr=0.001; along lr it flips at n_embd=64 only
-    c = cells({(32, 1e-3): FAILS, (48, 1e-3): FAILS, (64, 1e-3): FAILS,
-               (32, 3e-3): FAILS, (48, 3e-3): FAILS, (64, 3e-3): HOLDS})
+    c = cells({(32, 1e-3): NOT_SHOWN, (48, 1e-3): NOT_SHOWN, (64, 1e-3): NOT_SHOWN,
+               (32, 3e-3): NOT_SHOWN, (48, 3e-3): NOT_SHOWN, (64, 3e-3): HOLDS})
     assert flips(c, "2", "n_embd", ["n_embd", "lr"]) == (2, ["lr=0.003"])
     assert flips(c, "2", "lr", ["n_embd", "lr"]) == (3, ["n_embd=64"])
     (row,) = sensitivity_table(c, ["2"], FACTORS)
@@ -158,29 +159,29 @@ def test_sensitivity_flips_where_one_factor_changes_the_verdict_at_fixed_others(
 def test_the_ladder_line_names_the_width_where_the_verdict_changes():
     # the ladder of docs/findings.md: 2-gap holds only at 128, which has lr 1e-3 only; an
     # undecided cell (96) is passed over; widths in numeric order (128 after 64)
-    c = cells({(128, 1e-3): HOLDS, (32, 1e-3): FAILS, (64, 1e-3): FAILS,
-               (96, 1e-3): "not enough data", (32, 3e-3): FAILS, (64, 3e-3): FAILS})
+    c = cells({(128, 1e-3): HOLDS, (32, 1e-3): NOT_SHOWN, (64, 1e-3): NOT_SHOWN,
+               (96, 1e-3): "not enough data", (32, 3e-3): NOT_SHOWN, (64, 3e-3): NOT_SHOWN})
     assert changes(c, "2", "n_embd", ["n_embd", "lr"]) == [
-        "64 -> 128: does not hold -> holds, at lr=0.001"]
+        "64 -> 128: not shown -> holds, at lr=0.001"]
     assert changes(c, "2", "lr", ["n_embd", "lr"]) == []
     assert across_cells(c, "2", FACTORS) == (
         "holds in 1 of 6 cells, 1 undecided; flips with n_embd "
-        "(64 -> 128: does not hold -> holds, at lr=0.001)")
+        "(64 -> 128: not shown -> holds, at lr=0.001)")
     # a verdict that changes twice along the factor: both changes
-    c = cells({(32, 1e-3): FAILS, (48, 1e-3): HOLDS, (64, 1e-3): FAILS})
+    c = cells({(32, 1e-3): NOT_SHOWN, (48, 1e-3): HOLDS, (64, 1e-3): NOT_SHOWN})
     assert changes(c, "2", "n_embd", ["n_embd", "lr"]) == [
-        "32 -> 48: does not hold -> holds, at lr=0.001",
-        "48 -> 64: holds -> does not hold, at lr=0.001"]
+        "32 -> 48: not shown -> holds, at lr=0.001",
+        "48 -> 64: holds -> not shown, at lr=0.001"]
 
 
 def test_sensitivity_is_stable_or_not_compared_when_nothing_flips():
-    same = cells({(32, 1e-3): FAILS, (48, 1e-3): FAILS, (32, 3e-3): FAILS,
-                  (48, 3e-3): FAILS})
+    same = cells({(32, 1e-3): NOT_SHOWN, (48, 1e-3): NOT_SHOWN, (32, 3e-3): NOT_SHOWN,
+                  (48, 3e-3): NOT_SHOWN})
     (row,) = sensitivity_table(same, ["2"], FACTORS)
     assert row["n_embd (with block_size)"] == "stable (2 comparisons)"
     assert row["lr (with min_lr)"] == "stable (2 comparisons)"
     # undecided cells are left out: no two decided cells differ in lr alone
-    part = cells({(32, 1e-3): FAILS, (48, 1e-3): HOLDS, (32, 3e-3): "undecided",
+    part = cells({(32, 1e-3): NOT_SHOWN, (48, 1e-3): HOLDS, (32, 3e-3): "undecided",
                   (48, 3e-3): "undecided"})
     (row,) = sensitivity_table(part, ["2"], FACTORS)
     assert row == {"claim": "2", "decided cells": "2 of 4",

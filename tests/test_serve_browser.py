@@ -119,7 +119,7 @@ def test_page_watches_a_sweep(browser, tmp_path: Path) -> None:
         v = wait_for(browser, VERDICTS, lambda v: len(v) == 8 and not any(
             "provisional" in x or "earlier data" in x for x in v), "final verdicts")
         assert v[0] == "holds"  # 2-gap: PR_Q > PR_K planted in all 15 trajectories
-        assert "does not hold" not in v
+        assert "not shown" not in v
         n = wait_for(browser, LINES, lambda n: n > 0, "chart line marks")
         assert n == 30  # PR_Q and PR_K per (depth, init, layer): 2 x 15
         box = _js(browser, "const r = document.querySelector('#chart svg')"
@@ -189,7 +189,7 @@ def test_page_watches_a_real_smoke_sweep(browser, scratch, wikitext_dir,  # noqa
         assert any({"pending", "running"} & set(s) for s in unfinished)
         v = wait_for(browser, VERDICTS, lambda v: len(v) >= 8 and not any(
             "provisional" in x or "earlier data" in x for x in v), "final verdicts")
-        assert set(v) <= {"holds", "does not hold", "not enough data"}, v
+        assert set(v) <= {"holds", "not shown", "contradicted", "not enough data"}, v
         n = wait_for(browser, LINES, lambda n: n > 0, "chart line marks")
         assert n == 12  # PR_Q and PR_K per (depth, init, layer): 2 x (1 + 2) x 2 inits
         # provenance: each trial's code column shows its latest attempt's code version and

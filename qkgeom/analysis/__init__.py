@@ -38,7 +38,6 @@ from qkgeom.analysis.common import (
     make_rng,
     require_rows,
     unit_keys,
-    verdict_p,
     wide,
 )
 from qkgeom.analysis.correlation import (
@@ -108,6 +107,6 @@ __all__ = [
     "pretrained_models", "require_one_cell", "require_pairs", "require_rows",
     "resolve_scope", "resolve_sweep", "scope_fields", "sweep_name", "select_trials",
     "sign_test", "slopes", "study_scale", "summarise_gap", "sweep_trials", "test_loss_pairs",
-    "trajectory_frame", "trial_rows", "unit_keys", "verdict_p", "window_label",
+    "trajectory_frame", "trial_rows", "unit_keys", "window_label",
     "window_units", "wide", "matched_progress_correlation",
 ]

@@ -47,10 +47,6 @@ def make_rng(seed: int, *extra: int) -> np.random.Generator:
     return np.random.default_rng([seed, *extra]) if extra else np.random.default_rng(seed)
 
 
-def verdict_p(p: float, alpha: float = 0.05) -> str:
-    return "holds" if p < alpha else "does not hold"
-
-
 def fmt(v: Any, digits: int = 4) -> str:
     """A compact, stable text form of a number for tables."""
     if v is None:

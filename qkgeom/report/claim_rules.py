@@ -1,4 +1,5 @@
-"""The report's statement of its verdict rules (:data:`RULES`, printed in every report)
+"""The report's statement of its verdict rules (:data:`RULES`, printed in every report;
+per claim from :mod:`qkgeom.stats.registry`)
 and its header line on how they were calibrated (:func:`calibration_header`). The rules
 themselves are :mod:`qkgeom.stats.rules`; :mod:`qkgeom.report.claims` applies them."""
 
@@ -7,50 +8,22 @@ from __future__ import annotations
 from typing import Any
 
 from qkgeom.stats import rules as R
+from qkgeom.stats.registry import rules_text
 
 ALPHA = R.ALPHA
 
 RULES = [
-    "Every rule is calibrated: under null models close to the study's data, including "
-    "the structure real studies have (seed effects shared by a seed's layers, depths and "
-    "inits; drifts shared by a network's layers; trial-to-trial training speed; fixed layer "
-    "profiles; serially dependent checkpoints; models that are not independent), its rate "
-    "of false 'holds' is measured, and a rule is only used if that rate is not shown to "
-    f"exceed {ALPHA:.0%} (benchmarks/calibration.py; each verdict shows its rule's measured "
-    "rate and power).",
-    "Claim 2 (gap): the unit is the seed (a seed's layers, depths and inits share its data "
-    "order and initial draw). Holds if PR_Q - PR_K > 0 at the final probe in every "
-    "trajectory (the paper's 'all 54') and each seed's mean final gap is positive by the "
-    f"one-sided sign test over seeds, p < {ALPHA}; does not hold if any trajectory is <= 0 "
-    "or the seeds' test fails; not enough data with fewer than 5 seeds.",
-    "Claim 2 (slopes): the unit is the seed: each seed's mean PR_Q slope (over its trials "
-    "and layers) positive and its mean PR_K slope negative, one-sided sign tests over "
-    f"seeds, p < {ALPHA} each. '2-slopes' fits each (trial, layer) from step 0; "
-    f"'2-slopes-late' from training progress {R.LATE_FROM:g}, a window fixed in advance "
-    "(after warm-up and the initial collapse), same rule.",
-    "Claim 3: on the baseline arm after step 0, the Spearman correlations of PR_K with the "
-    "interaction rank and with attention entropy, taken across trials at the same training "
-    "progress (each metric interpolated at levels of the validation loss every trial of the "
-    "depth reached), depth and layer (so a training-time trend, a layer profile or a "
-    "trial's training speed that both share cannot make them), are each positive with a one-sided trial-permutation p < {ALPHA}.",
-    "Claim 4: per arm, an exact sign-flip permutation test of the mean paired entropy delta "
-    "in the predicted direction; the arms that share a baseline are one family (Holm), and "
-    f"an arm holds if its adjusted p < {ALPHA}. With fewer paired seeds than the family "
-    "needs (2^-n < alpha / arms), not enough data. The paper's directional confidence is "
-    "reported beside it.",
-    "Reality check: a contracting arm did its job if, at the site it acts on, its "
-    "end-of-training value is below the paired baseline's in every seed, with enough seeds "
-    f"for that to be unlikely by chance (2^-n < {ALPHA}; stats.rules.all_lower_rule): W_K "
-    "weight PR for 'shrink', key-activation PR_K for 'shrink_act'.",
-    f"Claim 5: per model with >= {R.MIN_CHECKPOINTS} checkpoints, 'rises then decays' = "
-    "Spearman of PR_Q - PR_K (mean over layers) vs step > 0 in the first half of the "
-    "checkpoints and < 0 in the second, tested against series rebuilt from the model's own "
-    "checkpoint-to-checkpoint changes in every order (a random walk's null); the "
-    "rank-entropy link = Spearman of the interaction rank with entropy across layers "
-    "within each checkpoint, pooled, tested by permuting whole layers (the same "
-    "permutation at every checkpoint). Holds if at least two models show each, every model "
-    "tested at 2 x alpha / models (so 'two by chance' stays below alpha however the "
-    "models depend on each other).",
+    "Every rule's rate of false 'holds' is measured under null models close to the study's "
+    "data, including the structure real studies have (seed effects shared by a seed's "
+    "layers, depths and inits; drifts shared by a network's layers; trial-to-trial training "
+    "speed; fixed layer profiles; serially dependent checkpoints; models that are not "
+    "independent) by benchmarks/calibration.py; the line above says what its record shows, "
+    "and each verdict gives its rule's size and power at this study's design.",
+    "Verdict words: 'holds' = the test rejects its null at 5% in the claim's direction; "
+    "'contradicted' = a calibrated test rejects it in the opposite direction; 'not shown' = "
+    "neither, printed with the power the study's design had at a stated effect; 'not enough "
+    "data' = the design cannot reach 5% at all, or the data are missing.",
+    *rules_text(),
 ]
 
 

@@ -3,8 +3,8 @@
 
 Each claim function returns what it produces (a :class:`ClaimSet`: claims, report
 sections and the frames it read, which later claims and the figures reuse); nothing is
-appended to an argument. Verdicts are ``holds``, ``does not hold`` or ``not enough data``
-by the rules in :data:`RULES`.
+appended to an argument. Verdicts are ``holds``, ``not shown`` (with the power the design
+had), ``contradicted`` or ``not enough data`` by the rules in :data:`RULES`.
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ from qkgeom.report.claim_rules import RULES, calibration_header  # noqa: F401 (R
 from qkgeom.stats import calibration
 from qkgeom.stats import rules as R
 from qkgeom.stats.effects import sign_test
+from qkgeom.stats.registry import ARM_SITES, at_design, spec
 
 if TYPE_CHECKING:
     from qkgeom.store import Store
 
-HOLDS, FAILS, NO_DATA = R.HOLDS, R.FAILS, R.NO_DATA
+HOLDS, NOT_SHOWN, CONTRADICTED, NO_DATA = R.HOLDS, R.NOT_SHOWN, R.CONTRADICTED, R.NO_DATA
 ALPHA = R.ALPHA  # the error rate every rule is calibrated to (docs/statistics.md)
 HIGH_CONFIDENCE = 0.95  # the paper's "high directional confidence" (reported, not a rule)
 # Reality checks need every seed in the predicted direction to be unlikely by chance
@@ -38,6 +39,13 @@ class Claim:
     verdict: str
     numbers: dict[str, Any] = field(default_factory=dict)
     rule_error: str = ""  # the rule's measured false-holds rate and power (calibration)
+    size: str = ""  # the rule's false-holds rate at this study's design
+    power: str = ""  # its power at this design, at a stated effect
+
+    def verdict_text(self) -> str:
+        """The verdict, with the power the design had when it is "not shown"."""
+        return (f"{self.verdict} (power {self.power})" if self.verdict == NOT_SHOWN
+                and self.power else self.verdict)
 
 
 @dataclass
@@ -71,8 +79,7 @@ def gap_claims(store: Store, sweep: str, fin: bool) -> ClaimSet:
     """Claim 2 (gap): the sign test of PR_Q - PR_K, final probe and over trend windows.
     Frames: ``units`` (trajectory units), ``gap_by_trend_window`` (sign-test reports by
     window and summary)."""
-    paper = ("PR_Q - PR_K > 0 in all 54 (depth, init, layer) trajectories; one-sided sign "
-             "test p = 2^-54")
+    paper = spec("2-gap").paper
     try:
         # read PR_Q/PR_K once for every summary and level
         t = A.sweep_trials(store, sweep)
@@ -124,8 +131,7 @@ def slope_claim(store: Store, sweep: str, fin: bool, *, units: Any = None,
     from qkgeom import stats
 
     key = "2-slopes" if window == "start" else f"2-slopes-{window}"  # 2-slopes-late
-    paper = ("PR_Q expands and PR_K shrinks over training: slopes about +0.14 and -0.04 per "
-             "unit of training progress (unit unknown)")
+    paper = spec(key).paper
     try:
         rep = A.slopes(store, sweep, finished_only=fin, units=units, window=window)
         run = A.slopes(store, sweep, level="run", finished_only=fin, units=run_units,
@@ -248,8 +254,7 @@ def _correlation_rows(pts: Any, x: str, y: str, seed: int) -> tuple[dict[str, An
 def correlation_claim(store: Store, sweep: str, fin: bool, seed: int) -> ClaimSet:
     """Claim 3: PR_K with the interaction rank and with entropy, across baseline trials at
     the same point of training (stats.rules.trial_permutation_p). Frames: ``points``."""
-    paper = ("Shrinking keys goes with a narrower QK^T interaction spectrum and more peaked "
-             "(lower-entropy) attention")
+    paper = spec("3").paper
     known = set(A.known_metrics(store))
     metrics = [m for m in ("pr_k", "qk_erank", "entropy", "token_erank") if m in known]
     try:  # one read for all the metrics
@@ -273,8 +278,13 @@ def correlation_claim(store: Store, sweep: str, fin: bool, seed: int) -> ClaimSe
         measured = ("too few baseline trials with PR_K, the interaction rank and entropy "
                     f"after step 0 for a permutation p below {ALPHA} (4 in one depth, or 3 "
                     "in each of two)")
+    elif any(m["rho"] != m["rho"] for m in main):  # NaN: nothing varies across trials
+        verdict = NO_DATA
+        measured = ("PR_K, the interaction rank or entropy does not vary across baseline "
+                    "trials at the same progress, depth and layer: no correlation to test")
     else:
-        verdict = R.both_rule([m["p_value"] for m in main])
+        verdict = R.both_rule([m["p_value"] for m in main],
+                              p_opposite=[m.get("p_opposite", 1.0) for m in main])
         measured = "; ".join(
             f"matched-progress Spearman({y}, {x}) = {A.fmt(res[f'{y}~{x}']['within']['rho'])}, "
             f"p = {A.fmt(res[f'{y}~{x}']['within']['p_value'])}"
@@ -292,16 +302,9 @@ def correlation_claim(store: Store, sweep: str, fin: bool, seed: int) -> ClaimSe
     return ClaimSet([Claim("3", paper, measured, verdict, res)], [section], {"points": pts})
 
 
-# arm -> (claim key, the paper's claim, site, how its target is defined)
-ARM_CLAIMS = {
-    "shrink": ("4-shrink", "Shrink arm sharpens attention (lower entropy than the baseline) "
-               "with high directional confidence", "W_K weights"),
-    "shrink_act": ("4-shrink_act", "Shrinking the keys as attention sees them (activation "
-                   "site) sharpens attention (lower entropy than the baseline)",
-                   "key activations"),
-    "hold": ("4-hold", "Hold arm makes attention softer (higher entropy) than the "
-             "unconstrained baseline", "W_K weights"),
-}
+# arm -> (claim key, the paper's claim, the site it acts on), from the registry
+ARM_CLAIMS = {arm: (f"4-{arm}", spec(f"4-{arm}").paper, site)
+              for arm, site in ARM_SITES.items()}
 
 
 def _arm_target(store: Store, sweep: str, arm: str) -> str:
@@ -401,13 +404,7 @@ def _reality_check(keys: dict[str, Any], arm: str = "shrink") -> Claim:
     """Did the contracting arm lower, in every seed, the measure at the site it acts on?"""
     site_metric = "pr_k" if arm == "shrink_act" else "pr_wk"
     key = "reality-check-act" if arm == "shrink_act" else "reality-check"
-    where = ("its key activations (PR_K)" if arm == "shrink_act" else
-             "its W_K weight spectrum (PR)")
-    why = ("holding W_K's spectrum did not stop the collapse of the key-activation PR_K, so "
-           "the weight site alone may not move the keys attention sees" if arm == "shrink_act"
-           else "the paper's small run found a 0.5 x step-0 target is a weaker 'hold', not a "
-           "contraction")
-    paper = f"'{arm}' should contract {where} relative to the unconstrained baseline ({why})"
+    paper = spec(key).paper
     kc = keys.get(arm)
     if not kc:
         return Claim(key, paper, f"no paired {arm}/baseline runs", NO_DATA)
@@ -436,9 +433,7 @@ def _reality_check(keys: dict[str, Any], arm: str = "shrink") -> Claim:
 
 def pretrained_claim(store: Store) -> ClaimSet:
     """Claim 5: the PR_Q - PR_K trend over pretrained checkpoints."""
-    paper = ("In pretrained families (Pythia checkpoints, GPT-2, SmolLM2) the monotonic "
-             "PR_Q - PR_K trend is not universal: it appears early and decays over a full "
-             "pretraining run; the interaction-rank/entropy link stays visible in several")
+    paper = spec("5").paper
     try:
         models = A.pretrained_models(store)["model"].to_list()
     except Exception:  # no pretrained tables/views in this database
@@ -476,7 +471,7 @@ def pretrained_claim(store: Store) -> ClaimSet:
         n_rd, n_link = sum(p < level for p in p_rd), sum(p < level for p in p_link)
         v_trend, v_link = R.several_rule(p_rd), R.several_rule(p_link)
         verdict = (NO_DATA if NO_DATA in (v_trend, v_link) else
-                   HOLDS if v_trend == v_link == HOLDS else FAILS)
+                   HOLDS if v_trend == v_link == HOLDS else NOT_SHOWN)
         measured = (f"{n_rd} of {m} models with >= {R.MIN_CHECKPOINTS} checkpoints rise then "
                     f"decay (first vs second half, p < {A.fmt(level)} against series rebuilt "
                     f"from their own increments) and {n_link} of {m} show the rank-entropy "
@@ -525,7 +520,9 @@ def compute_claims(store: Store, sweep: str, *, seed: int = 0, n_boot: int = 10_
         out.add(part)
     record = calibration.load_record()
     for c in out.claims:
-        c.rule_error = calibration.rule_error(c.key, record, n_seeds=_seeds_of(c))
+        c.rule_error = calibration.rule_error(spec(c.key).key, record, n_seeds=_seeds_of(c))
+        d = at_design(c.key, c.numbers, record)
+        c.size, c.power = d.size, d.power
     out.frames["calibration"] = calibration_header(record)
     return out
 

@@ -19,7 +19,14 @@ from typing import TYPE_CHECKING, Any
 from qkgeom import analysis as A
 from qkgeom.analysis.cells import cell_facts, grid_seeds
 from qkgeom.errors import QkgeomError
-from qkgeom.report.claims import FAILS, HOLDS, NO_DATA, compute_claims, grid_verdicts
+from qkgeom.report.claims import (
+    CONTRADICTED,
+    HOLDS,
+    NO_DATA,
+    NOT_SHOWN,
+    compute_claims,
+    grid_verdicts,
+)
 from qkgeom.report.sensitivity import CellVerdicts, Factor, across_cells, study_factors
 
 if TYPE_CHECKING:
@@ -27,8 +34,9 @@ if TYPE_CHECKING:
 
 # the verdict rules the report's verdicts follow: 1 = before the calibration of issue 25,
 # 2 = the calibrated rules (docs/statistics.md, "Calibration"), 3 = the rules of issue 41
-# (claim 2 over seeds, claim 5 against dependent nulls); written into report.json
-RULES_VERSION = 3
+# (claim 2 over seeds, claim 5 against dependent nulls), 4 = claim 3 at matched training
+# progress and the verdict words holds / not shown / contradicted; written into report.json
+RULES_VERSION = 4
 FINDINGS = "docs/findings.md"
 
 Part = tuple[str, A.Scope]  # (cell label, the trials it reads)
@@ -119,7 +127,7 @@ def glance(store: Store, parts: Sequence[Part], *, seed: int = 0,
 # ------------------------------------------------------------------ the comparison's tables
 
 ARMS_SHOWN = ("none", "hold", "shrink", "shrink_act")
-SHORT = {HOLDS: "holds", FAILS: "no", NO_DATA: "?"}
+SHORT = {HOLDS: "holds", NOT_SHOWN: "no", CONTRADICTED: "contra", NO_DATA: "?"}
 
 
 def _duration(s: float | None) -> str:
@@ -168,7 +176,7 @@ GLANCE_NOTE = ("Trial time sums each terminated trial's start to end (its last a
                "the span includes pauses between resumed runs. The gap counts (trial, "
                "layer) units of the grid seeds' baseline trials at the last probe.")
 SEEDS_NOTE = ("The grid claims decided on each grid seed's trials alone (a filter on the "
-              "stored trials), then on all seeds: 'holds', 'no' (does not hold), '?' (not "
+              "stored trials), then on all seeds: 'holds', 'no' (not shown), 'contra' (contradicted), '?' (not "
               "enough data). A verdict that holds only with every seed pooled rests on the "
               "pooling.")
 

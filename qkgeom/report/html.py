@@ -10,9 +10,9 @@ import math
 from typing import Any
 
 from qkgeom.analysis.common import fmt
-from qkgeom.report.claims import FAILS, HOLDS, NO_DATA
+from qkgeom.report.claims import CONTRADICTED, HOLDS, NO_DATA, NOT_SHOWN
 
-VERDICTS = (HOLDS, FAILS, NO_DATA)
+VERDICTS = (HOLDS, NOT_SHOWN, CONTRADICTED, NO_DATA)
 
 # One stylesheet for both pages; ``<body class='doc'>`` (the report) reads as a document
 # column, the live page uses the window's width for its trial table.
@@ -26,7 +26,8 @@ th{background:#f3f3f3;text-align:left} th a{color:inherit;text-decoration:none}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
 .s-terminated{color:#1a7f1a}.s-running{color:#1f5fbf;font-weight:600}
 .s-error,.s-interrupted,.s-stale{color:#b00020;font-weight:600}.s-pending{color:#777}
-.v-holds{background:#e3f4e3;font-weight:600}.v-does{background:#fbe3e3;font-weight:600}
+.v-holds{background:#e3f4e3;font-weight:600}.v-contra{background:#fbe3e3;font-weight:600}
+.v-shown{background:#ececec;font-weight:600}
 .v-not{background:#f6f0d8;font-weight:600}.provisional{color:#8a6d00;font-weight:400}
 .note{color:#555}.err{color:#b00020} progress{width:20em} nav a{margin-right:1em}
 figure{margin:1em 0} figcaption{color:#555} figure svg{max-width:100%;height:auto}
@@ -70,9 +71,10 @@ def html_table(rows: list[dict[str, Any]], *, table_id: str = "",
 
 
 def verdict_class(verdict: str) -> str:
-    """The CSS class of a verdict: ``v-holds``, ``v-does`` (does not hold) or ``v-not``
-    (not enough data, or anything else)."""
-    return {HOLDS: "v-holds", FAILS: "v-does"}.get(verdict, "v-not")
+    """The CSS class of a verdict: ``v-holds``, ``v-contra`` (contradicted), ``v-shown``
+    (not shown) or ``v-not`` (not enough data, or anything else)."""
+    return {HOLDS: "v-holds", CONTRADICTED: "v-contra", NOT_SHOWN: "v-shown"}.get(
+        verdict, "v-not")
 
 
 def verdict_cell(verdict: str, mark: str = "") -> str:

@@ -11,7 +11,7 @@ Everything the report says is computed once, into a :class:`Report` (claims from
 :mod:`qkgeom.report.claims`, sections, figures, the study's scale); :func:`render_markdown`,
 :func:`render_html` and :func:`render_json` only format that one structure.
 
-Verdicts are ``holds``, ``does not hold`` or ``not enough data``; the rules are spelled out
+Verdicts are ``holds``, ``not shown``, ``contradicted`` or ``not enough data``; the rules are spelled out
 in :data:`RULES` and printed in the report. Nothing depends on the clock, so the same
 database and seed give the same files.
 """
@@ -31,7 +31,8 @@ from qkgeom.records import to_jsonable
 from qkgeom.report.claims import (
     ALPHA,
     ARM_CLAIMS,
-    FAILS,
+    CONTRADICTED,
+    NOT_SHOWN,
     HIGH_CONFIDENCE,
     HOLDS,
     MIN_SEEDS,
@@ -64,7 +65,7 @@ from qkgeom.report.sensitivity import CellVerdicts, Factor, sensitivity_table
 if TYPE_CHECKING:
     from qkgeom.store import Store
 
-__all__ = ["ALPHA", "ARM_CLAIMS", "FAILS", "HIGH_CONFIDENCE", "HOLDS", "MIN_SEEDS", "NO_DATA",
+__all__ = ["ALPHA", "ARM_CLAIMS", "CONTRADICTED", "NOT_SHOWN", "HIGH_CONFIDENCE", "HOLDS", "MIN_SEEDS", "NO_DATA",
            "RULES", "Claim", "ClaimSet", "Report", "Section", "build_report", "compute_claims",
            "compare_cells", "compute_report", "render_html", "render_json", "render_markdown",
            "write_report"]
@@ -429,13 +430,19 @@ def render_markdown(rep: Report) -> str:
     return safe_markdown("\n".join(md))
 
 
+def _design_text(c: Claim) -> str:
+    """The rule's false-holds rate and power at the design this verdict rests on."""
+    return f"false holds {c.size}; power {c.power}" if c.size else "-"
+
+
 def _md_claims(rep: Report, h: str, fig: str) -> list[str]:
     md = [f"{h} Claims and verdicts", "", rep.calibration, "",
-          "| claim | paper | measured | verdict | the rule's error rate and power | "
-          f"{_ladder_head(rep)} |", "|---|---|---|---|---|---|"]
+          "| claim | paper | measured | verdict | at this design | the rule's calibration | "
+          f"{_ladder_head(rep)} |", "|---|---|---|---|---|---|---|"]
     for c in rep.claims:
-        md.append(f"| {c.key} | {c.paper} | {c.measured.replace('|', '/')} | **{c.verdict}** "
-                  f"| {c.rule_error} | {_ladder_text(rep, c.key)} |")
+        md.append(f"| {c.key} | {c.paper} | {c.measured.replace('|', '/')} | "
+                  f"**{c.verdict_text()}** | {_design_text(c)} | {c.rule_error} | "
+                  f"{_ladder_text(rep, c.key)} |")
     md += ["", "Verdict rules:", ""] + [f"- {r}" for r in RULES] + [""]
     md += [f"{h} Figures", ""]
     for name, caption in rep.figures:
@@ -483,12 +490,14 @@ def _html_claims(rep: Report, level: int, fig: str, svgs: dict[str, str]) -> lis
     hn, hs = f"h{level}", f"h{level + 1}"
     h = [f"<{hn}>Claims and verdicts</{hn}><p>{escape(rep.calibration)}</p>"
          "<table><thead><tr><th>claim</th><th>paper</th>"
-         "<th>measured</th><th>verdict</th><th>the rule's error rate and power</th>"
+         "<th>measured</th><th>verdict</th><th>at this design</th>"
+         "<th>the rule's calibration</th>"
          f"<th>{escape(_ladder_head(rep))}</th></tr></thead><tbody>"]
     for c in rep.claims:
         h.append(f"<tr><td>{escape(c.key)}</td><td>{escape(c.paper)}</td>"
-                 f"<td>{escape(c.measured)}</td>{verdict_cell(c.verdict)}"
-                 f"<td>{escape(c.rule_error)}</td>"
+                 f"<td>{escape(c.measured)}</td>"
+                 + verdict_cell(c.verdict, escape(c.verdict_text()[len(c.verdict):]))
+                 + f"<td>{escape(_design_text(c))}</td><td>{escape(c.rule_error)}</td>"
                  f"<td>{escape(_ladder_text(rep, c.key))}</td></tr>")
     h.append("</tbody></table><p>Verdict rules:</p><ul>"
              + "".join(f"<li>{escape(r)}</li>" for r in RULES) + f"</ul><{hn}>Figures</{hn}>")

@@ -18,9 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from qkgeom.report.claims import FAILS, HOLDS
-
-DECIDED = (HOLDS, FAILS)
+from qkgeom.stats.rules import DECIDED, HOLDS
 
 
 @dataclass(frozen=True)
@@ -120,7 +118,7 @@ def changes(cells: Sequence[CellVerdicts], claim: str, factor: str,
             factors: Sequence[str]) -> list[str]:
     """Where ``claim``'s verdict changes along ``factor``: between neighbouring values of
     the factor (in numeric order, among cells with a decided verdict) at fixed other
-    factors, e.g. ``64 -> 128: does not hold -> holds, at lr=0.001``."""
+    factors, e.g. ``64 -> 128: not shown -> holds, at lr=0.001``."""
     from qkgeom.analysis.scope import value_order
 
     others = [f for f in factors if f != factor]

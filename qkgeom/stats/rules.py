@@ -1,5 +1,5 @@
-"""The verdict rules: pure functions from the measured arrays to ``holds`` / ``does not
-hold`` / ``not enough data``, each with an error rate that :mod:`qkgeom.stats.calibration`
+"""The verdict rules: pure functions from the measured arrays to ``holds`` / ``not shown``
+/ ``contradicted`` / ``not enough data``, each with an error rate that :mod:`qkgeom.stats.calibration`
 measures under null models and ``benchmarks/calibration.py`` records.
 
 :mod:`qkgeom.report.claims` reads the database and calls these; the calibration calls the same
@@ -34,7 +34,13 @@ import numpy as np
 from qkgeom.stats.common import ResultDict, binom_tail_half, finite_values
 from qkgeom.stats.effects import sign_test
 
-HOLDS, FAILS, NO_DATA = "holds", "does not hold", "not enough data"
+# The verdict words. "holds": the test rejects its null at ALPHA in the claim's direction;
+# "contradicted": a calibrated test rejects it in the opposite direction; "not shown":
+# neither (the report gives the power the design had); "not enough data": the design
+# cannot reach ALPHA at all (its smallest attainable p is above it) or the data are missing.
+HOLDS, NOT_SHOWN, CONTRADICTED, NO_DATA = ("holds", "not shown", "contradicted",
+                                           "not enough data")
+DECIDED = (HOLDS, NOT_SHOWN, CONTRADICTED)
 ALPHA = 0.05
 # Claim 2's second trend window starts at a progress fixed before any data are seen: after
 # the warm-up (4% of training) and the paper's initial collapse (about step 100 of 1,500,
@@ -56,7 +62,7 @@ def gap_rule(final_gaps: Any, alpha: float = ALPHA) -> str:
     if d.size == 0:
         return NO_DATA
     if not (d > 0).all():
-        return FAILS
+        return NOT_SHOWN
     return HOLDS if sign_test(d).p_value < alpha else NO_DATA
 
 
@@ -70,7 +76,7 @@ def slopes_rule(q_slopes: Any, k_slopes: Any, alpha: float = ALPHA) -> str:
         return NO_DATA
     if q.p_value < alpha and k.p_value < alpha:
         return HOLDS
-    return NO_DATA if q.n < 5 else FAILS
+    return NO_DATA if q.n < 5 else NOT_SHOWN
 
 
 def seed_means(values: Any, seeds: Any) -> np.ndarray:
@@ -86,32 +92,41 @@ def seed_means(values: Any, seeds: Any) -> np.ndarray:
 
 def seed_gap_rule(trajectory_gaps: Any, seed_gaps: Any, alpha: float = ALPHA) -> str:
     """Claim 2-gap with the seed as its unit: PR_Q - PR_K > 0 at the final probe in every
-    trajectory (the paper's 'all 54'; does not hold if any is <= 0) and, over seeds (each
+    trajectory (the paper's 'all 54'; it cannot hold if any is <= 0) and, over seeds (each
     seed's mean final gap over its trials and layers), the one-sided sign test below
-    ``alpha``. With too few seeds for 2^-n < ``alpha`` (fewer than 5): not enough data.
+    ``alpha``; contradicted when the seeds' sign test in the opposite direction (mean gap
+    negative) is below ``alpha``. With too few seeds for 2^-n < ``alpha`` (fewer than 5):
+    not enough data.
     Under a null where seeds are independent with median gap <= 0 its error rate is at
     most ``alpha`` whatever the layers, depths and inits of a seed share."""
     d, _ = finite_values(trajectory_gaps)
     s, _ = finite_values(seed_gaps)
     if d.size == 0 or s.size == 0:
         return NO_DATA
-    if not (d > 0).all():
-        return FAILS
     if 2.0 ** -s.size >= alpha:
         return NO_DATA
-    return HOLDS if sign_test(s).p_value < alpha else FAILS
+    if (d > 0).all() and sign_test(s).p_value < alpha:
+        return HOLDS
+    if sign_test(s, predicted_sign=-1).p_value < alpha:
+        return CONTRADICTED
+    return NOT_SHOWN
 
 
 def seed_slopes_rule(q_seed_slopes: Any, k_seed_slopes: Any, alpha: float = ALPHA) -> str:
     """Claim 2-slopes with the seed as its unit: each seed's mean PR_Q slope (over its
     trials and layers) positive and its mean PR_K slope negative, one-sided sign tests
-    over seeds each below ``alpha`` (an intersection-union test). Fewer than 5 seeds: not
-    enough data (2^-n cannot reach ``alpha``)."""
+    over seeds each below ``alpha`` (an intersection-union test). Contradicted when either
+    half's sign test in the opposite direction is below ``alpha`` / 2 (Bonferroni over the
+    two). Fewer than 5 seeds: not enough data (2^-n cannot reach ``alpha``)."""
     q = sign_test(q_seed_slopes)
     k = sign_test(k_seed_slopes, predicted_sign=-1)
     if q.n == 0 or 2.0 ** -q.n >= alpha:
         return NO_DATA
-    return HOLDS if q.p_value < alpha and k.p_value < alpha else FAILS
+    if q.p_value < alpha and k.p_value < alpha:
+        return HOLDS
+    opposite = min(sign_test(q_seed_slopes, predicted_sign=-1).p_value,
+                   sign_test(k_seed_slopes).p_value)
+    return CONTRADICTED if opposite < alpha / 2 else NOT_SHOWN
 
 
 # --------------------------------------------------------------------------- claim 3
@@ -142,6 +157,7 @@ class StratifiedCorrelation(ResultDict):
     n_strata: int
     n_perm: int
     min_p: float = 1.0  # the smallest p the design allows: 1 / prod(n_trials_g!)
+    p_opposite: float = 1.0  # one-sided p in the opposite direction (predicted < 0)
 
 
 def _group_grams(x_groups: list[np.ndarray], y_groups: list[np.ndarray]
@@ -175,9 +191,9 @@ def trial_permutation_p(x_groups: list[np.ndarray], y_groups: list[np.ndarray], 
     grams, den = _group_grams([k[0] for k in keep], [k[1] for k in keep])
     n_trials = sum(g.shape[0] for g in grams)
     n_strata = sum(k[0].shape[1] for k in keep)
-    if den == 0:
-        return StratifiedCorrelation(math.nan, 1.0, n_trials, n_strata, 0)
     orders = math.prod(math.factorial(g.shape[0]) for g in grams)
+    if den == 0:  # no metric varies across trials: no correlation to test
+        return StratifiedCorrelation(math.nan, 1.0, n_trials, n_strata, 0, 1.0 / orders)
     obs = sum(float(np.trace(g)) for g in grams) / den
     perm = np.zeros(n_perm)
     for g in grams:
@@ -186,7 +202,8 @@ def trial_permutation_p(x_groups: list[np.ndarray], y_groups: list[np.ndarray], 
         perm += g[np.arange(n)[None, :], idx].sum(axis=1)
     perm /= den
     p = (1 + int((perm >= obs - 1e-12).sum())) / (1 + n_perm)
-    return StratifiedCorrelation(obs, p, n_trials, n_strata, n_perm, 1.0 / orders)
+    p_neg = (1 + int((perm <= obs + 1e-12).sum())) / (1 + n_perm)
+    return StratifiedCorrelation(obs, p, n_trials, n_strata, n_perm, 1.0 / orders, p_neg)
 
 
 def align_by_loss(x: np.ndarray, y: np.ndarray, loss: np.ndarray
@@ -230,12 +247,19 @@ def align_by_loss(x: np.ndarray, y: np.ndarray, loss: np.ndarray
     return out[0], out[1]
 
 
-def both_rule(p_values: list[float], alpha: float = ALPHA) -> str:
+def both_rule(p_values: list[float], alpha: float = ALPHA,
+              p_opposite: list[float] | None = None) -> str:
     """Claim 3 needs every one of its correlations: an intersection-union test, each at
-    ``alpha`` (error rate at most ``alpha`` under every null)."""
+    ``alpha`` (error rate at most ``alpha`` under every null). Contradicted when one of
+    them is significant in the opposite direction (``p_opposite``, each at ``alpha`` / k,
+    Bonferroni over the k correlations)."""
     if not p_values or any(p is None or not math.isfinite(p) for p in p_values):
         return NO_DATA
-    return HOLDS if max(p_values) < alpha else FAILS
+    if max(p_values) < alpha:
+        return HOLDS
+    if p_opposite and min(p_opposite) < alpha / len(p_opposite):
+        return CONTRADICTED
+    return NOT_SHOWN
 
 
 # --------------------------------------------------------------------------- claim 4
@@ -292,22 +316,24 @@ def arm_family_rule(deltas: dict[str, Any], signs: dict[str, int], alpha: float 
     """Claim 4 for the arms that share one baseline, as a family.
 
     Per arm: the sign-flip p in its predicted direction, the Holm-adjusted p over the
-    family, and the verdict (holds when the adjusted p < ``alpha``). When the family's
+    family, and the verdict (holds when the adjusted p < ``alpha``; contradicted when the
+    Holm-adjusted p of the opposite direction is, a second family). When the family's
     seed count cannot reach ``alpha`` even with every seed agreeing (fewer than
     :func:`min_seeds`), every arm is ``not enough data``.
     """
     arms = list(deltas)
     ps = [sign_flip_p(deltas[a], signs[a]) for a in arms]
     adj = holm(ps)
+    opp = holm([sign_flip_p(deltas[a], -signs[a]) for a in arms])
     m = len(arms)
     out = {}
-    for a, p, q in zip(arms, ps, adj):
+    for a, p, q, o in zip(arms, ps, adj, opp):
         n = finite_values(deltas[a])[0].size
         if n < 2 or n < min_seeds(m, alpha):
             verdict = NO_DATA
         else:
-            verdict = HOLDS if q < alpha else FAILS
-        out[a] = {"p": p, "p_holm": q, "n_seeds": int(n), "family": m,
+            verdict = HOLDS if q < alpha else CONTRADICTED if o < alpha else NOT_SHOWN
+        out[a] = {"p": p, "p_holm": q, "p_opposite_holm": o, "n_seeds": int(n), "family": m,
                   "min_seeds": min_seeds(m, alpha), "verdict": verdict}
     return out
 
@@ -316,11 +342,12 @@ def all_lower_rule(deltas: Any, alpha: float = ALPHA) -> str:
     """Reality check: the arm's value below the baseline's in every seed, with enough
     seeds for that to be unlikely by chance (2^-n < ``alpha``: at least 5). The unit is
     the paired seed: whatever a seed shares between its arm and baseline trials cancels in
-    the delta, and a delta with median 0 is below 0 in all n seeds with probability 2^-n."""
+    the delta, and a delta with median 0 is below 0 in all n seeds with probability 2^-n.
+    Contradicted when it is above in every seed (the arm raised what it should lower)."""
     d, _ = finite_values(deltas)
     if d.size == 0 or 2.0 ** -d.size >= alpha:
         return NO_DATA
-    return HOLDS if (d < 0).all() else FAILS
+    return HOLDS if (d < 0).all() else CONTRADICTED if (d > 0).all() else NOT_SHOWN
 
 
 # --------------------------------------------------------------------------- claim 5
@@ -448,7 +475,7 @@ def several_rule(p_values: Any, alpha: float = ALPHA) -> str:
     m = len(ps)
     if m < 2:
         return NO_DATA
-    return HOLDS if sum(p < several_level(m, alpha) for p in ps) >= 2 else FAILS
+    return HOLDS if sum(p < several_level(m, alpha) for p in ps) >= 2 else NOT_SHOWN
 
 
 @dataclass
