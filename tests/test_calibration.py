@@ -310,9 +310,18 @@ def test_claim4_null_rates():
     for k in (6, 8):
         assert _at_most_alpha(_count(lambda g, k=k: R.HOLDS in C.claim4_verdicts(
             C.arm_deltas(g, k)).values(), n), n)
-    # 5 seeds and 3 arms: Holm cannot reach 0.05 (3 / 32 > 0.05), whatever the data
+    # 5 seeds: the primary arm alone reaches 1/32 < 0.05 and holds; the two secondary
+    # arms (Holm over 2: 2/32 > 0.05) cannot, whatever the data
     d = {a: np.full(5, 9.0 * C.SIGNS[a]) for a in C.ARMS}
+    assert C.claim4_verdicts(d) == {"shrink": R.HOLDS, "hold": R.NO_DATA,
+                                    "shrink_act": R.NO_DATA}
+    # 4 seeds: nothing can (1/16)
+    d = {a: np.full(4, 9.0 * C.SIGNS[a]) for a in C.ARMS}
     assert set(C.claim4_verdicts(d).values()) == {R.NO_DATA}
+    # the fixed sequence: a strong secondary effect with a null primary is not a hold
+    n_gate = 400
+    assert _at_most_alpha(_count(lambda g: C.claim4_verdicts(C.arm_deltas(
+        g, 8, {"hold": 3.0}))["hold"] == R.HOLDS, n_gate), n_gate)
     # the retired rule (directional confidence >= 0.95) exceeds 5% on the same null
     k = _count(lambda g: C.claim4_retired(g, C.arm_deltas(g, 5))["shrink"] == R.HOLDS, 300)
     assert _above_alpha(k, 300)

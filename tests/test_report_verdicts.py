@@ -210,7 +210,14 @@ CASES = [
      {"4-shrink": HOLDS, "4-hold": NOT_SHOWN}),
     ("dir-two-arms-5-seeds", dict(layers=[GOOD], seeds=FIVE, arms={"shrink": [-0.3] * 5,
                                                                  "hold": [0.3] * 5}),
-     {"4-shrink": NO_DATA, "4-hold": NO_DATA}),  # 2 x 1/32 = 0.0625: cannot reach 0.05
+     # shrink is the primary arm, alone at 1/32 < 0.05; it holds, so the gate opens and
+     # hold (Holm over the one secondary) is tested alone too: 1/32
+     {"4-shrink": HOLDS, "4-hold": HOLDS}),
+    # the primary shows nothing (its deltas cancel): hold, all 6 seeds higher (p 1/64),
+    # is not tested (the gate stays closed)
+    ("dir-gate-closed", dict(layers=[GOOD], seeds=SIX, arms={
+        "shrink": [-0.31, 0.29, -0.17, 0.23, -0.13, 0.11], "hold": [0.3] * 6}),
+     {"4-shrink": NOT_SHOWN, "4-hold": NOT_SHOWN}),
     ("dir-one-arm-5-seeds", dict(layers=[GOOD], seeds=FIVE,
                                  arms={"shrink": [-0.3, -0.2, -0.4, -0.3, -0.1]}),
      {"4-shrink": HOLDS}),  # 1/32
@@ -235,7 +242,8 @@ CASES = [
                              key={"shrink": [0.3] * 5}), {"reality-check": CONTRA}),
     ("keys-4-seeds", dict(layers=[GOOD], seeds=FIVE[:4], arms={"shrink": [-0.3] * 4}),
      {"reality-check": NO_DATA}),
-    ("keys-no-arms", dict(layers=[GOOD] * 5), {"reality-check": NO_DATA, "4-shrink": NO_DATA}),
+    ("keys-no-arms", dict(layers=[GOOD] * 5), {"reality-check": NO_DATA, "4-shrink": NO_DATA,
+                                               "4-hold": NO_DATA}),
     ("keys-no-pr-wk", dict(layers=[GOOD], seeds=FIVE, arms={"shrink": [-0.3] * 5},
                            drop=("pr_wk",)), {"reality-check": NO_DATA}),
     # ---- claim 4, activation site (shrink_act): the same rule; its reality check judges

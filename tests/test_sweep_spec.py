@@ -26,11 +26,12 @@ def test_presets_expand_to_the_study():
     paper = plan_from("paper")
     grid = [t for t in paper.trials if t.baseline_key is None]
     arms = [t for t in paper.trials if t.baseline_key is not None]
-    assert len(grid) == 36 + 1  # 36 geometry runs + the depth-6 gaussian baseline of seed 4
-    assert len(arms) == 15 and {t.arm for t in arms} == {"hold", "shrink", "shrink_act"}
+    # 36 geometry runs (seeds 0-3) + the depth-6 gaussian baselines of seeds 4-7
+    assert len(grid) == 36 + 4
+    assert len(arms) == 3 * 8 and {t.arm for t in arms} == {"hold", "shrink", "shrink_act"}
     cpu = plan_from("cpu")
-    # 3 depths x 3 inits x 2 seeds, the depth-4 gaussian baselines of seeds 2-4, 3 arms x 5
-    assert len(cpu.trials) == 18 + 3 + 15
+    # 3 depths x 3 inits x 2 seeds, the depth-4 gaussian baselines of seeds 2-7, 3 arms x 8
+    assert len(cpu.trials) == 18 + 6 + 24
     # every trial of a preset trains for that preset's steps (qkgeom/config.py PRESETS),
     # written out here so a changed preset or a preset that is not applied fails
     expected = {"smoke": (40, 20), "cpu": (1500, 100), "paper": (5000, 250)}
@@ -53,11 +54,11 @@ def test_every_arm_trial_has_its_paired_baseline(preset):
         diff = {k for k in t.config if t.config[k] != base.config[k]}
         assert diff <= {"arm", "site", "target_mode", "shrink_to", "baseline_pr"}, (t.key, diff)
         assert base.config["seed"] == t.config["seed"] and base.config["lr"] == t.config["lr"]
-    # every arm of the study presets runs five paired seeds (the paper's design)
+    # every arm of the study presets runs eight paired seeds (sized by claim 4's power)
     if preset != "smoke":
         for arm in ("hold", "shrink", "shrink_act"):
             seeds = sorted(t.seed for t in arm_trials if t.arm == arm)
-            assert seeds == [0, 1, 2, 3, 4], (arm, seeds)
+            assert seeds == list(range(8)), (arm, seeds)
             assert all(by_key[trial_key(t.depth, t.init, "none", s)]
                        for t in arm_trials for s in seeds)
 
@@ -206,8 +207,10 @@ def test_every_study_file_validates(path):
     grid_only = path.stem.endswith("-grid")
     assert d["n_trials"] == len(plan.trials)
     cells = len(plan.spec.get("cells") or {}) or 1  # studies/ladder.yaml: six cells
-    # an -arms file: the arms and their baselines, as many waiting as in a full cell
-    assert d["n_after_baselines"] == (0 if grid_only else 10 * cells)
+    # an -arms file: the arms and their baselines, as many waiting as in a full cell: the
+    # two baseline-fraction arms (shrink, shrink_act) x 8 paired seeds wait for theirs
+    assert d["n_after_baselines"] == (0 if grid_only else 16 * cells)
+    assert set(d["power"]) >= ({"2-gap"} if grid_only else {"2-gap", "4-shrink"})
 
 
 def test_ladder_varies_only_width_context_and_lr():
@@ -219,7 +222,7 @@ def test_ladder_varies_only_width_context_and_lr():
                 and not (c["n_layer"] == 4 and c["init"] == "gaussian" and c["seed"] > 1)}
     assert len(cpu_grid) == 18  # depths 2-4 x three inits x seeds 0, 1
     cpu_arms = {k for k, c in cpu.items() if c["n_layer"] == 4 and c["init"] == "gaussian"}
-    assert len(cpu_arms) == 20  # none, hold, shrink, shrink_act x seeds 0-4
+    assert len(cpu_arms) == 32  # none, hold, shrink, shrink_act x seeds 0-7
     for path, plan in ladder:
         c = plan.trials[0].config
         assert c["min_lr"] == pytest.approx(c["lr"] / 10)
@@ -242,4 +245,4 @@ def test_ladder_varies_only_width_context_and_lr():
     assert cells == {(e, e, lr) for e in (32, 48, 64, 96, 128) for lr in (1e-3, 3e-3)}
     assert grid_cells == {(96, 96, 1e-3), (96, 96, 3e-3), (128, 128, 1e-3)}
     assert arm_cells == {(96, 96, 1e-3), (128, 128, 1e-3)}
-    assert shapes == {36}
+    assert shapes == {48}  # the cpu study: 18 grid + 6 extra baselines + 3 arms x 8

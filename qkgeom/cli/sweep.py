@@ -167,12 +167,18 @@ def _check_sweep_args(address: str | None, cluster_file: str | None, cpus_per_tr
 
 
 def _print_plan(plan: SweepPlan | None) -> None:
-    """``--dry-run`` without ``--cluster``: the plan's trials, as JSON."""
+    """``--dry-run`` without ``--cluster``: the plan's trials, as JSON, with each
+    seed-level claim's power at the planned seeds (stats.registry.planned_power)."""
     if plan is None:
         raise click.UsageError("--dry-run needs --preset or --spec")
     from qkgeom.plan.spec import plan_summary
+    from qkgeom.stats.registry import planned_power
 
-    click.echo(json.dumps(plan_summary(plan), indent=1))
+    summary = plan_summary(plan)
+    base = {t.seed for t in plan.trials if t.arm == "none"}
+    summary["power"] = planned_power(len(base), {a: len(set(s)) for a, s in
+                                                 summary["arms"].items() if a != "none"})
+    click.echo(json.dumps(summary, indent=1))
 
 
 def _run_here(plan: SweepPlan | None, name: str | None, db: str | None,

@@ -17,8 +17,8 @@ from qkgeom.errors import QkgeomError
 from qkgeom.report.claim_rules import RULES, calibration_header  # noqa: F401 (RULES re-exported)
 from qkgeom.stats import calibration
 from qkgeom.stats import rules as R
-from qkgeom.stats.effects import sign_test
-from qkgeom.stats.registry import ARM_SITES, at_design, spec
+from qkgeom.stats.effects import sign_test, t_interval
+from qkgeom.stats.registry import ARM_SITES, PRIMARY_ARM, at_design, spec
 
 if TYPE_CHECKING:
     from qkgeom.store import Store
@@ -325,6 +325,16 @@ def _arm_target(store: Store, sweep: str, arm: str) -> str:
     return f"{A.fmt(f, 2)} x the step-0 PR ({sched})"
 
 
+def _adjusted(fam: dict[str, Any]) -> str:
+    """How an arm's p was adjusted: alone (the primary), Holm over the secondaries, or
+    Holm over the whole family."""
+    if fam["role"] == "primary":
+        return "tested alone (the primary arm)"
+    over = (f"the {fam['family'] - 1} secondary arms" if fam["role"] == "secondary"
+            else f"{fam['family']} arms")
+    return f"Holm-adjusted over {over} p = {A.fmt(fam['p_holm'])}"
+
+
 def _lower(v: dict[str, Any] | None) -> str:
     if not v or "error" in v:
         return "-" if not v else "missing"
@@ -351,23 +361,30 @@ def intervention_claims(store: Store, sweep: str, fin: bool, seed: int, n_boot: 
             claims.append(Claim(key, paper, str(e), NO_DATA))
     family = R.arm_family_rule({a: rep.deltas.table["delta"].to_numpy()
                                 for a, rep in found.items()},
-                               {a: rep.result.predicted_sign for a, rep in found.items()})
+                               {a: rep.result.predicted_sign for a, rep in found.items()},
+                               primary=PRIMARY_ARM)
     for arm, rep in found.items():
         key, paper, site = ARM_CLAIMS[arm]
         r, fam = rep.result, family[arm]
         verdict = fam["verdict"]
         sign = "lower" if r.predicted_sign < 0 else "higher"
         kc = rep.key_check or {}
-        few = (f" (a family of {fam['family']} arms needs >= {fam['min_seeds']} paired seeds "
-               "to reach alpha)" if fam["n_seeds"] < fam["min_seeds"] else "")
+        role = {"primary": "the primary arm", "secondary": "a secondary arm"}.get(
+            fam["role"], f"a family of {fam['family']} arms")
+        few = (f" ({role} needs >= {fam['min_seeds']} paired seeds to reach alpha)"
+               if fam["n_seeds"] < fam["min_seeds"] else
+               " (a secondary arm: not tested, the primary did not hold)"
+               if fam["role"] == "secondary" and not fam["gate_open"] else "")
+        t_lo, t_hi = t_interval(rep.deltas.table["delta"].to_numpy())
         measured = (f"mean entropy delta {A.fmt(r.mean_delta)} nats over {r.n_seeds} paired "
-                    f"seeds, 95% BCa CI [{A.fmt(r.ci_low)}, {A.fmt(r.ci_high)}]; {r.n_agree} of "
-                    f"{r.n_seeds} seeds {sign}; sign-flip p = {A.fmt(fam['p'])}, Holm-adjusted "
-                    f"over {fam['family']} arms p = {A.fmt(fam['p_holm'])}{few}; directional "
+                    f"seeds, 95% t interval [{A.fmt(t_lo)}, {A.fmt(t_hi)}] (bootstrap BCa "
+                    f"[{A.fmt(r.ci_low)}, {A.fmt(r.ci_high)}]); {r.n_agree} of "
+                    f"{r.n_seeds} seeds {sign}; sign-flip p = {A.fmt(fam['p'])}, "
+                    f"{_adjusted(fam)}{few}; directional "
                     f"confidence {A.fmt(r.directional_confidence)} ({sign}; the paper's "
                     f"figure); achieved: W_K PR {_lower(kc.get('pr_wk'))}, key PR_K "
                     f"{_lower(kc.get('pr_k'))} (arm vs baseline)")
-        rep_d = rep.to_dict() | {"family_test": fam}
+        rep_d = rep.to_dict() | {"family_test": fam, "t_ci": [t_lo, t_hi]}
         claims.append(Claim(key, paper, measured, verdict, rep_d))
         keys[arm] = rep.key_check
         for p in rep.deltas.table.to_dicts():

@@ -35,7 +35,7 @@ import numpy as np
 from qkgeom.stats import rules as R
 from qkgeom.stats.effects import directional_confidence
 from qkgeom.stats.hard_nulls import claim3_groups, claim3_verdict, hard_rows
-from qkgeom.stats.registry import REGISTRY
+from qkgeom.stats.registry import PRIMARY_ARM, REGISTRY
 from qkgeom.stats.rank_correlation import spearman_ci
 
 PROGRESS = np.arange(16) / 15  # the cpu preset: 1,500 steps, a probe every 100
@@ -95,7 +95,7 @@ def arm_deltas(rng: np.random.Generator, n: int, effect: dict[str, float] | None
 
 
 def claim4_verdicts(d: dict[str, np.ndarray]) -> dict[str, str]:
-    fam = R.arm_family_rule(d, SIGNS)
+    fam = R.arm_family_rule(d, SIGNS, primary=PRIMARY_ARM)
     return {a: fam[a]["verdict"] for a in ARMS}
 
 
@@ -143,7 +143,7 @@ def calibrate(reps: int = 2000, *, seed: int = 0, retired: bool = True,
     if retired:
         add("3 (retired)", "trials-shared-trend", "null", "-", max(reps // 20, 20),
             claim3_retired)
-    for n in (ARM_SEEDS, 6, 8, 10):
+    for n in (ARM_SEEDS, 6, 8, 10, 12):
         for a in ARMS:
             add(f"4-{a}", f"paired-null, {n} seeds", "null", "-", reps,
                 lambda g, a=a, n=n: claim4_verdicts(arm_deltas(g, n))[a] == R.HOLDS)
@@ -153,6 +153,14 @@ def calibrate(reps: int = 2000, *, seed: int = 0, retired: bool = True,
             add("4-shrink", f"paired, {n} seeds, shrink effect {eff} sd", "power",
                 f"{eff} sd", reps, lambda g, n=n, eff=eff: claim4_verdicts(
                     arm_deltas(g, n, {"shrink": eff}))["shrink"] == R.HOLDS)
+        # a secondary arm: its power when the primary has the same effect, and its false
+        # holds when it has an effect but the primary does not (the gate stays closed)
+        add("4-hold", f"paired, {n} seeds, hold and shrink effects 1.0 sd", "power",
+            "1.0 sd", reps, lambda g, n=n: claim4_verdicts(arm_deltas(
+                g, n, {"shrink": 1.0, "hold": 1.0}))["hold"] == R.HOLDS)
+        add("4-shrink_act", f"paired, {n} seeds, only hold effect 2.0 sd", "null", "-", reps,
+            lambda g, n=n: claim4_verdicts(arm_deltas(g, n, {"hold": 2.0}))["shrink_act"]
+            == R.HOLDS)
     if retired:
         add("4-shrink (retired DC>=0.95)", f"paired-null, {ARM_SEEDS} seeds", "null", "-",
             max(reps // 2, 50), lambda g: claim4_retired(g, arm_deltas(g, ARM_SEEDS))[
@@ -163,7 +171,60 @@ def calibrate(reps: int = 2000, *, seed: int = 0, retired: bool = True,
         add("reality-check", f"paired, {n} seeds, effect 2 sd", "power", "2 sd", reps,
             lambda g, n=n: R.all_lower_rule(g.normal(-2, 1, n)) == R.HOLDS)
     hard_rows(add, reps, retired)
+    contradiction_rows(add, reps)
+    coverage_rows(add, reps)
     return rows
+
+
+def contradiction_rows(add: Callable[..., None], reps: int) -> None:
+    """How often each rule says "contradicted" when there is no effect either way (the
+    nulls symmetric about 0): at most alpha, like its "holds"."""
+    from qkgeom.stats import hard_nulls as H
+
+    slow = max(reps // 2, 50)
+    for scen, kw in (("collapse-flat", {}), ("seed offset sd 2 (the seed dominates)",
+                                             {"seed_offset": 2.0}),
+                     ("network drift sd 1, no slope", {"net_drift": 1.0})):
+        for rule in ("2-gap", "2-slopes", "2-slopes-late"):
+            add(f"{rule} (contradicted)", scen, "null", "-", reps, lambda g, kw=kw, rule=rule:
+                H.claim2_verdicts(*H.runs(g, **kw))[rule] == R.CONTRADICTED)
+    for scen, kw in (("training speed log-sd 0.6, no link", {"speed": 0.6}),
+                     ("seed effects sd 1 per metric", {"seed_sd": 1.0})):
+        add("3 (contradicted)", scen, "null", "-", slow,
+            lambda g, kw=kw: H.claim3_verdict(g, **kw) == R.CONTRADICTED)
+    for n in (6, 12):
+        add("4 (any arm contradicted)", f"paired-null, {n} seeds", "null", "-", reps,
+            lambda g, n=n: R.CONTRADICTED in claim4_verdicts(arm_deltas(g, n)).values())
+        add("reality-check (contradicted)", f"paired-null, {n} seeds", "null", "-", reps,
+            lambda g, n=n: R.all_lower_rule(g.normal(0, 1, n)) == R.CONTRADICTED)
+
+
+def coverage_rows(add: Callable[..., None], reps: int) -> None:
+    """The share of simulated studies whose printed 95% interval of claim 4's mean paired
+    delta covers the true mean (kind ``coverage``): the t interval the report prints, and
+    the BCa it printed before (retired), under normal and skewed (speed-driven) deltas."""
+    from qkgeom.stats.effects import bca_interval, bootstrap_means, t_interval
+
+    dists = {"normal": lambda g, n: g.normal(0, 1, n),
+             # a trial's end value as exp(0.6 z) of its speed: log-normal, mean exp(0.18)
+             "skewed (log-normal)": lambda g, n: np.exp(0.6 * g.normal(size=n)) - math.exp(0.18),
+             "heavy-tailed (t, 3 df)": lambda g, n: g.standard_t(3, n)}
+    for n in (5, 6, 8, 12):
+        for dist, draw in dists.items():
+            add("4 interval (t)", f"{dist} deltas, {n} seeds", "coverage", "mean 0", reps,
+                lambda g, n=n, draw=draw: _covers(t_interval(draw(g, n))))
+            add("4 interval (retired: BCa)", f"{dist} deltas, {n} seeds", "coverage",
+                "mean 0", max(reps // 4, 50), lambda g, n=n, draw=draw: _covers(
+                    _bca(draw(g, n), g, bca_interval, bootstrap_means)))
+
+
+def _covers(ci: tuple[float, ...]) -> bool:
+    return bool(ci[0] <= 0.0 <= ci[1])
+
+
+def _bca(d: np.ndarray, g: np.random.Generator, bca: Any, boot: Any) -> tuple[float, float]:
+    lo, hi, _, _ = bca(d, boot(d, 2000, g))
+    return lo, hi
 
 
 # --------------------------------------------------------------------------- the record

@@ -346,7 +346,8 @@ def hard_rows(add: Callable[..., None], reps: int, retired: bool = True) -> None
     for n in (5, 6):
         add("4 (any arm)", f"speed-skewed ends, seed effect sd 2, {n} seeds", "null", "-",
             reps, lambda g, n=n: any(v["verdict"] == R.HOLDS for v in R.arm_family_rule(
-                dict(zip("abc", speed_deltas(g, n))), dict(zip("abc", signs))).values()))
+                dict(zip("abc", speed_deltas(g, n))), dict(zip("abc", signs)),
+                primary="a").values()))
         add("reality-check", f"speed-skewed ends, seed effect sd 2, {n} seeds", "null", "-",
             reps, lambda g, n=n: R.all_lower_rule(speed_deltas(g, n, 1)[0]) == R.HOLDS)
     _claim5_rows(add, slow, retired)
@@ -355,7 +356,7 @@ def hard_rows(add: Callable[..., None], reps: int, retired: bool = True) -> None
 def _claim5_rows(add: Callable[..., None], slow: int, retired: bool) -> None:
     for n in (8, 15, 30):
         for scen, kw in TREND_NULLS.items():
-            add("5-trend (one model)", f"{scen}, {n} checkpoints", "null", "-", slow,
+            add("5-trend (one model)", f"{scen}, {n} checkpoints", "null", "-", 2 * slow,
                 lambda g, n=n, kw=kw: R.trend_p(R.split_trend(
                     np.arange(n), trend_series(g, n, models=1, **kw)[0], rng=g,
                     n_perm=999, exchangeable=False)) < R.ALPHA)
@@ -374,7 +375,7 @@ def _claim5_rows(add: Callable[..., None], slow: int, retired: bool) -> None:
     for n in (8, 30):
         for scen, kw in LINK_NULLS.items():
             add("5-link (one model)", f"{scen}, {n} checkpoints, 12 layers", "null", "-",
-                slow, lambda g, n=n, kw=kw: link_verdict(g, *link_data(g, n, **kw))[0]
+                2 * slow, lambda g, n=n, kw=kw: link_verdict(g, *link_data(g, n, **kw))[0]
                 < R.ALPHA)
             if retired and kw:
                 add("5-link (retired: checkpoint sign-flip)",

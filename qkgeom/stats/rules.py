@@ -311,8 +311,8 @@ def min_seeds(n_arms: int, alpha: float = ALPHA) -> int:
     return n
 
 
-def arm_family_rule(deltas: dict[str, Any], signs: dict[str, int], alpha: float = ALPHA
-                    ) -> dict[str, dict[str, Any]]:
+def arm_family_rule(deltas: dict[str, Any], signs: dict[str, int], alpha: float = ALPHA,
+                    primary: str | None = None) -> dict[str, dict[str, Any]]:
     """Claim 4 for the arms that share one baseline, as a family.
 
     Per arm: the sign-flip p in its predicted direction, the Holm-adjusted p over the
@@ -320,21 +320,39 @@ def arm_family_rule(deltas: dict[str, Any], signs: dict[str, int], alpha: float 
     Holm-adjusted p of the opposite direction is, a second family). When the family's
     seed count cannot reach ``alpha`` even with every seed agreeing (fewer than
     :func:`min_seeds`), every arm is ``not enough data``.
+
+    ``primary`` (pre-registered, present among the arms): a fixed-sequence design. The
+    primary arm is tested alone at ``alpha``; the others (secondary) are tested with Holm
+    at ``alpha`` only if the primary holds, else they are not shown ("gate closed"). The
+    family-wise rate of false holds stays at most ``alpha``, and the primary needs only
+    the seeds of one arm. "Contradicted" is Holm over every arm in both designs.
     """
     arms = list(deltas)
     ps = [sign_flip_p(deltas[a], signs[a]) for a in arms]
-    adj = holm(ps)
     opp = holm([sign_flip_p(deltas[a], -signs[a]) for a in arms])
     m = len(arms)
+    gated = primary in arms and m > 1
+    if gated:
+        rest = [a for a in arms if a != primary]
+        sec = dict(zip(rest, holm([ps[arms.index(a)] for a in rest])))
+        adj = [ps[i] if a == primary else sec[a] for i, a in enumerate(arms)]
+        gate_open = ps[arms.index(primary)] < alpha
+    else:
+        adj, gate_open = holm(ps), True
     out = {}
     for a, p, q, o in zip(arms, ps, adj, opp):
         n = finite_values(deltas[a])[0].size
-        if n < 2 or n < min_seeds(m, alpha):
+        need = (min_seeds(1, alpha) if a == primary else min_seeds(m - 1, alpha)) if gated \
+            else min_seeds(m, alpha)
+        passes = q < alpha and (a == primary or gate_open)
+        if n < 2 or n < need:
             verdict = NO_DATA
         else:
-            verdict = HOLDS if q < alpha else CONTRADICTED if o < alpha else NOT_SHOWN
+            verdict = HOLDS if passes else CONTRADICTED if o < alpha else NOT_SHOWN
         out[a] = {"p": p, "p_holm": q, "p_opposite_holm": o, "n_seeds": int(n), "family": m,
-                  "min_seeds": min_seeds(m, alpha), "verdict": verdict}
+                  "min_seeds": need, "verdict": verdict,
+                  "role": ("primary" if a == primary else "secondary") if gated else "family",
+                  "gate_open": gate_open}
     return out
 
 
