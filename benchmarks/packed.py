@@ -44,13 +44,14 @@ one per core: the packed process (1 thread, the ``K`` members) and a slot that r
 finishes first is replaced by a filler process (a one-thread trial of the same width, its
 output thrown away, killed when the phase ends), so that every timed step ran with the
 other core busy, as on a machine running two one-thread workers. Each process times its own
-training loop after ``WARMUP_STEPS`` untimed steps (start-up, corpus, model building and
-the warm-up steps excluded; they are shown separately as the wall-clock rates, which pay
-one process start per member for the separate runs and one per pack). Reported per core
-(one thread each): ``packed = K x timed tokens / packed loop seconds`` and
-``separate = the same tokens / the sum of the K separate loops' seconds``; ``ratio =
-packed / separate``. Two one-thread workers of either kind on this 2-core machine make a
-machine total of twice the per-core rate, so the ratio of machine totals is this ratio.
+training loop after ``WARMUP_STEPS`` untimed steps (corpus, model building and the warm-up
+steps excluded). The wall-clock rates include them, timed from the end of the worker's
+imports to its results saved: once per member for the separate runs, once per pack (the
+interpreter's start and the import of torch are in neither figure). Reported per core (one
+thread each): ``packed = K x timed tokens / packed loop seconds`` and ``separate = the same
+tokens / the sum of the K separate loops' seconds``; ``ratio = packed / separate``. Two
+one-thread workers of either kind on this 2-core machine make a machine total of twice the
+per-core rate, so the ratio of machine totals is this ratio.
 
 **Decision threshold (written before the recorded run).** Packing *wins* on CPU when, at
 48/48 and K = 4, the packed per-core tokens/s is at least **1.25x** the separate per-core
