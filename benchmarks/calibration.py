@@ -29,6 +29,9 @@ sys.path.insert(0, str(ROOT))
 
 from qkgeom.stats import calibration as C  # noqa: E402
 
+VERDICT_CODE = ("qkgeom/stats", "qkgeom/analysis", "qkgeom/report", "qkgeom/store/queries.py",
+                "benchmarks/calibration.py")
+
 
 def _git(*args: str) -> str:
     try:
@@ -75,7 +78,9 @@ def main() -> int:
               + name(f"{r['rule']} / {r['scenario']} {100 * r['rate']:.2f}%" for r in noise))
     if not a.no_record:
         rec = {"commit": _git("rev-parse", "HEAD") or "unknown",
-               "dirty": bool(_git("status", "--porcelain", "--", "qkgeom/stats",
+               # every module a verdict depends on: the rules and their simulations
+               # (stats), the data selection (analysis, store queries) and the report
+               "dirty": bool(_git("status", "--porcelain", "--", *VERDICT_CODE,
                                    f":(exclude)qkgeom/stats/{C.RECORD}")),
                "date": dt.date.today().isoformat(), "reps": a.reps, "seed": a.seed,
                "wall_s": round(wall, 1), "rows": rows}

@@ -125,11 +125,13 @@ def calibrate(reps: int = 2000, *, seed: int = 0, retired: bool = True,
     ``reps`` sets the claim-2/4 repetitions; permutation-based rules run reps / 2."""
     rng = np.random.default_rng(seed)
     rows: list[dict[str, Any]] = []
+    draws: list[Callable[[np.random.Generator], bool]] = []
     say = say or (lambda s: None)
     slow = max(reps // 2, 50)
 
     def add(*a: Any) -> None:
         rows.append(_rate(*a, rng))
+        draws.append(a[-1])
         r = rows[-1]
         say(f"{r['rule']:<28} {r['scenario']:<34} {r['rate']:.3f} "
             f"[{r['ci_low']:.3f}, {r['ci_high']:.3f}]")
@@ -173,7 +175,36 @@ def calibrate(reps: int = 2000, *, seed: int = 0, retired: bool = True,
     hard_rows(add, reps, retired)
     contradiction_rows(add, reps)
     coverage_rows(add, reps)
+    extend_near_limit(rows, draws, rng, say, EXTEND * reps)
     return rows
+
+
+EXTEND = 3  # a null row near the limit gets this many times reps more studies
+
+
+def extend_near_limit(rows: list[dict[str, Any]], draws: list[Callable[..., bool]],
+                      rng: np.random.Generator, say: Callable[[str], None], extra: int
+                      ) -> None:
+    """An exact-size test (its false-holds rate 5% by construction, or just under) has an
+    estimate above 5%, or an upper Monte Carlo bound above 7% at 1,000 studies, about half
+    the time by noise alone. Every current null row whose estimate is above 5% or whose
+    bound passes 7% is measured again with ``extra`` more studies, pooled with the first
+    (``extended`` in the row says how many were added), so a row is flagged only when the
+    larger sample still puts it over the limit."""
+    for r, draw in zip(rows, draws):
+        if r["kind"] != "null" or "retired" in r["rule"]:
+            continue
+        if r["rate"] <= ALPHA_LIMIT and r["ci_high"] <= 0.07:
+            continue
+        k = r["holds"] + sum(bool(draw(rng)) for _ in range(extra))
+        n = r["reps"] + extra
+        lo, hi = wilson(k, n)
+        r.update(holds=k, reps=n, rate=k / n, ci_low=lo, ci_high=hi, extended=extra)
+        say(f"extended: {r['rule']:<28} {r['scenario']:<34} {r['rate']:.3f} "
+            f"[{lo:.3f}, {hi:.3f}] over {n}")
+
+
+ALPHA_LIMIT = R.ALPHA
 
 
 def contradiction_rows(add: Callable[..., None], reps: int) -> None:
