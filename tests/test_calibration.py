@@ -351,10 +351,19 @@ def test_rule_error_reads_the_record():
          "effect": "-", "rate": 0.02, "ci_high": 0.04},
         {"rule": "4-shrink", "scenario": "paired, 6 seeds, shrink effect 1.0 sd",
          "kind": "power", "effect": "1.0 sd", "rate": 0.9, "ci_high": 0.95}]}
-    line = C.rule_error("4-hold", rec, n_seeds=6)
+    line = C.rule_error("4-shrink", rec, n_seeds=6)
     assert "false holds <= 2.0%" in line and "90.0% at 1.0 sd" in line
     assert "needs 6 seeds" in line
-    assert "not calibrated at 5 seeds" in C.rule_error("4-hold", rec, n_seeds=5)
+    # a secondary arm reads the family's nulls but not the primary's power
+    hold = C.rule_error("4-hold", rec, n_seeds=6)
+    assert "false holds <= 2.0%" in hold and "90.0%" not in hold
+    assert "needs more seeds than calibrated" in hold
+    assert "(at 6 seeds, the nearest calibrated to 5)" in C.rule_error("4-hold", rec,
+                                                                        n_seeds=5)
+    assert "not calibrated at 5 seeds" in C.rule_error("4-hold", {**rec, "rows": [
+        r for r in rec["rows"] if "seeds" not in r["scenario"]] + [
+        {"rule": "4-hold", "scenario": "no count", "kind": "null", "effect": "-",
+         "rate": 0.0, "ci_high": 0.0}]}, n_seeds=5)
 
 
 def test_the_report_header_names_rules_over_the_limits_and_the_largest_estimate():
@@ -374,3 +383,21 @@ def test_the_report_header_names_rules_over_the_limits_and_the_largest_estimate(
     assert "rules over the limits" in h and "4-hold (5 seeds, 9.0%)" in h
     assert "5-link" not in h  # within its interval: not over
     assert "not recorded" in calibration_header(None)
+
+
+def test_rule_error_at_an_uncalibrated_seed_count_names_the_nearest():
+    """A study with 7 paired seeds reads the rows at 6 and 8 (named), never "not
+    calibrated"; each arm's power rows are its role's (the primary's for shrink, a
+    secondary's for hold), and so is the seed count 80% power at 1 sd needs."""
+    rec = C.load_record()
+    seven = C.rule_error("4-shrink", rec, n_seeds=7)
+    assert "(at 6 and 8 seeds, the nearest calibrated to 7)" in seven
+    assert "at 1.0 sd (8 seeds)" in seven and "at 1.0 sd (6 seeds)" in seven
+    shrink8 = C.rule_error("4-shrink", rec, n_seeds=8)
+    hold8 = C.rule_error("4-hold", rec, n_seeds=8)
+    rows = {(r["rule"], r["scenario"]): r["rate"] for r in rec["rows"]}
+    p_shrink = rows[("4-shrink", "paired, 8 seeds, shrink effect 1.0 sd")]
+    p_hold = rows[("4-hold", "paired, 8 seeds, hold and shrink effects 1.0 sd")]
+    assert f"{100 * p_shrink:.1f}% at 1.0 sd" in shrink8
+    assert f"{100 * p_hold:.1f}% at 1.0 sd" in hold8 and f"{100 * p_shrink:.1f}%" not in hold8
+    assert C.rule_error("reality-check", rec, n_seeds=7).startswith("false holds <= ")

@@ -280,35 +280,57 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
+def _seeds_in(scenario: str) -> int | None:
+    """The seed count a row's scenario names (", 8 seeds" or "... 8 seeds"), if any."""
+    import re
+
+    m = re.search(r"(\d+) seeds", scenario)
+    return int(m.group(1)) if m else None
+
+
 def rule_error(key: str, record: dict[str, Any] | None, *, n_seeds: int | None = None
                ) -> str:
     """One line for a claim: its rule's largest false-holds rate over the recorded nulls
     (with the Monte Carlo upper bound) and its power at the planted effects. For seed-based
-    rules, the rows at the claim's seed count (and the seeds a 1-sd effect needs)."""
+    rules, the rows at the claim's seed count, or, when that count was not calibrated, at
+    the nearest calibrated counts either side (named); claim 4's power rows are the arm's
+    own role's (the primary's rows for shrink, a secondary's for hold and shrink_act)."""
     if record is None or key not in CLAIM_RULES:
         return "not calibrated (run benchmarks/calibration.py)"
     rows = [r for r in record["rows"] if r["rule"] in CLAIM_RULES[key]]
     seeded = key.startswith("4-") or key.startswith("reality")
+    where = ""
     if seeded:
-        tag = f", {n_seeds} seeds"
-        here = [r for r in rows if tag in r["scenario"] or r["scenario"].endswith(
-            f"{n_seeds} seeds")]
-        if not here:
+        counts = sorted({c for r in rows if (c := _seeds_in(r["scenario"])) is not None})
+        near = [c for c in counts if c == n_seeds] or [
+            c for c in ([max((c for c in counts if c < (n_seeds or 0)), default=None),
+                         min((c for c in counts if c > (n_seeds or 0)), default=None)])
+            if c is not None]
+        if not near:
             return f"not calibrated at {n_seeds} seeds (run benchmarks/calibration.py)"
+        if near != [n_seeds]:
+            where = (f" (at {' and '.join(map(str, near))} seeds, the nearest calibrated to "
+                     f"{n_seeds})")
+        here = [r for r in rows if _seeds_in(r["scenario"]) in near]
     else:
         here = rows
+    own = ("4-shrink" if key == f"4-{PRIMARY_ARM}" else "4-hold") if key.startswith("4-") \
+        else None
     nulls = [r for r in here if r["kind"] == "null"]
-    power = [r for r in here if r["kind"] == "power"]
+    power = [r for r in here if r["kind"] == "power" and own in (None, r["rule"])]
     if not nulls:
         return "not calibrated"
     worst = max(nulls, key=lambda r: r["rate"])
     text = (f"false holds <= {_pct(worst['rate'])} (95% MC bound {_pct(worst['ci_high'])}) "
-            f"under {len(nulls)} null(s)")
+            f"under {len(nulls)} null(s){where}")
     if power:
-        text += "; power " + ", ".join(f"{_pct(r['rate'])} at {r['effect']}" for r in power)
-    if key.startswith("4-"):
-        need = sorted(int(r["scenario"].split(", ")[1].split()[0]) for r in rows
-                      if r["kind"] == "power" and r["effect"] == "1.0 sd" and r["rate"] >= 0.8)
+        text += "; power " + ", ".join(
+            f"{_pct(r['rate'])} at {r['effect']}"
+            + (f" ({_seeds_in(r['scenario'])} seeds)" if where else "") for r in power)
+    if own:
+        need = sorted(c for r in rows if r["rule"] == own and r["kind"] == "power"
+                      and r["effect"] == "1.0 sd" and r["rate"] >= 0.8
+                      and (c := _seeds_in(r["scenario"])) is not None)
         text += ("; >= 80% power at 1 sd needs " + (f"{need[0]} seeds" if need else
                  "more seeds than calibrated"))
     return text
