@@ -151,6 +151,12 @@ CASES = [
     # every seed's gap negative: the opposite sign test over 5 seeds, p = 1/32 < 0.05
     ("gap-negative-5-seeds", dict(layers=[(0.14, -0.04, -1.0)] * 2, seeds=FIVE),
      {"2-gap": CONTRA}),
+    # hard null (issue 41): a seed effect shared by every layer. Seeds 0-1 have PR_K 4
+    # lower (gap +5), seeds 2-4 PR_K 2 higher (gap -1): every trajectory's mean over
+    # seeds is +1.4 > 0 (the trajectory sign test: 3 of 3, p = 2^-3; with the paper's 54
+    # it would say 2^-54); over seeds, the unit, 2 of 5 are positive
+    ("gap-seed-offset-null", dict(layers=[GOOD] * 3, seeds=FIVE,
+                                  seed_k=[-4.0, -4.0, 2.0, 2.0, 2.0]), {"2-gap": NOT_SHOWN}),
     ("gap-no-pr-values", dict(layers=[GOOD] * 5, seeds=FIVE, drop=("pr_q", "pr_k")),
      {"2-gap": NO_DATA, "2-slopes": NO_DATA, "2-slopes-late": NO_DATA}),
     # ---- claim 2 (slopes): over seeds, mean PR_Q slope up and mean PR_K slope down, each
@@ -167,6 +173,12 @@ CASES = [
     # PR_Q falls in all 6 seeds: that half's opposite test p = 1/64 < 0.05 / 2
     ("slopes-q-falls-6-seeds", dict(layers=[(-0.14, -0.04, 1.0)] * 2, seeds=SIX),
      {"2-slopes": CONTRA, "2-slopes-late": CONTRA}),
+    # hard null: a PR_Q drift shared by a seed's layers. PR_K falls everywhere; PR_Q's
+    # slope is 0.14 + (1, 1, -0.5, -0.5, -0.5) per seed: every trajectory's mean slope is
+    # 0.14 + 0.1 > 0 (the retired trajectory rule: "holds"), but 2 of 5 seeds rise
+    ("slopes-seed-drift-null", dict(layers=[GOOD] * 3, seeds=FIVE,
+                                    seed_q=[1.0, 1.0, -0.5, -0.5, -0.5]),
+     {"2-slopes": NOT_SHOWN, "2-slopes-late": NOT_SHOWN}),
     # ---- claim 2 (slopes from progress 0.25): same rule over the late window
     ("late-good", dict(layers=[GOOD] * 2, seeds=FIVE),
      {"2-slopes": HOLDS, "2-slopes-late": HOLDS}),
@@ -309,6 +321,13 @@ def test_verdict_matrix(case, planted, expected, tmp_path):
     claims = {c["key"]: c for c in rep["claims"]}
     got = {k: claims[k]["verdict"] for k in expected}
     assert got == expected, {k: claims[k]["measured"] for k in expected}
+    # the hard nulls are traps: the retired trajectory-level statistic says "every one"
+    if case == "gap-seed-offset-null":
+        f = claims["2-gap"]["numbers"]["final"]
+        assert f["n_positive"] == f["n"] == 3 and f["p_value"] == 2.0 ** -3
+    if case == "slopes-seed-drift-null":
+        q = claims["2-slopes"]["numbers"]["sign_pr_q_up"]
+        assert q["n_positive"] == q["n"] == 3
     # the directional cases: the bootstrap's confidence (the paper's figure, still
     # reported) is the exact resampling probability
     for arm in ("shrink", "shrink_act"):
