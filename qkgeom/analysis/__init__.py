@@ -44,8 +44,8 @@ from qkgeom.analysis.correlation import (
     CorrelationReport,
     correlate,
     correlation_points,
-    metric_points,
     matched_progress_correlation,
+    metric_points,
 )
 from qkgeom.analysis.gap import (
     SignTestReport,

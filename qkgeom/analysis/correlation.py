@@ -116,26 +116,6 @@ def correlate(store: Store, sweep: str, *, x: str, y: str, n_boot: int = 1000, s
     return CorrelationReport(sweep, x, y, overall, by_depth, seed)
 
 
-def stratified_groups(points: pl.DataFrame, x: str, y: str, *, group: str = "depth"
-                      ) -> tuple[list[Any], list[Any]]:
-    """Per ``group`` value, ``x`` and ``y`` as arrays (trials, strata), a stratum being one
-    (step, layer) present with both metrics in every trial of the group (others dropped)."""
-    import numpy as np
-
-    xs, ys = [], []
-    pts = points.drop_nulls([x, y]).filter(pl.col(x).is_finite() & pl.col(y).is_finite())
-    for _, part in pts.group_by([group], maintain_order=True):
-        n_t = part["trial_id"].n_unique()
-        full = part.group_by(["step", "layer"]).agg(pl.col("trial_id").n_unique().alias("n")) \
-            .filter(pl.col("n") == n_t).select("step", "layer")
-        part = part.join(full, on=["step", "layer"]).sort(["trial_id", "step", "layer"])
-        if part.height == 0 or n_t < 2:
-            continue
-        xs.append(np.asarray(part[x].to_numpy(), dtype=float).reshape(n_t, -1))
-        ys.append(np.asarray(part[y].to_numpy(), dtype=float).reshape(n_t, -1))
-    return xs, ys
-
-
 def matched_progress_correlation(points: pl.DataFrame, *, x: str, y: str, seed: int = 0,
                                  group: str = "depth") -> stats.StratifiedCorrelation:
     """Spearman of ``x`` and ``y`` across trials at the same training progress (the same

@@ -35,8 +35,8 @@ import numpy as np
 from qkgeom.stats import rules as R
 from qkgeom.stats.effects import directional_confidence
 from qkgeom.stats.hard_nulls import claim3_groups, claim3_verdict, hard_rows
-from qkgeom.stats.registry import PRIMARY_ARM, REGISTRY
 from qkgeom.stats.rank_correlation import spearman_ci
+from qkgeom.stats.registry import PRIMARY_ARM, REGISTRY
 
 PROGRESS = np.arange(16) / 15  # the cpu preset: 1,500 steps, a probe every 100
 UNITS = 27  # (depth, init, layer) trajectories of the cpu grid: (2 + 3 + 4) x 3 inits
