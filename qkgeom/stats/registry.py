@@ -177,6 +177,10 @@ def rules_text() -> list[str]:
     return list(dict.fromkeys(s.rule for s in REGISTRY.values()))
 
 
+# 2-gap also needs every trajectory positive: the seeds' test's power is an upper bound
+_GAP_BOUND = {"2-gap": " (at most: every trajectory must also be positive)"}
+
+
 @dataclass(frozen=True)
 class AtDesign:
     """A rule at a study's design: ``size`` and ``power`` as sentences."""
@@ -204,7 +208,7 @@ def at_design(key: str, numbers: dict[str, Any], record: dict[str, Any] | None =
             return AtDesign(f"cannot pass with {n} seeds", "0%")
         return AtDesign(f"{_pct(d.size)} exactly ({n} independent seeds; sign test needs "
                         f"{d.k} of {n})" + (", per half" if s.halves > 1 else ""),
-                        f"{_pct(d.power)} if {d.effect}")
+                        f"{_pct(d.power)} if {d.effect}" + _GAP_BOUND.get(key, ""))
     if s.kind == "arm-family":
         fam = numbers.get("family_test") or {}
         n, m = int(fam.get("n_seeds", 0)), int(fam.get("family", 1))
@@ -261,7 +265,8 @@ def planned_power(baseline_seeds: int, arm_seeds: dict[str, int]) -> dict[str, s
     out = {}
     for key in ("2-gap", "2-slopes", "2-slopes-late"):
         d = P.sign_design(baseline_seeds, SEED_Q, ALPHA, spec(key).halves)
-        out[key] = (f"power {_pct(d.power)} if {d.effect} ({baseline_seeds} seeds)" if d.k
+        out[key] = (f"power {_pct(d.power)} if {d.effect} ({baseline_seeds} seeds)"
+                    + _GAP_BOUND.get(key, "") if d.k
                     else f"cannot pass with {baseline_seeds} seeds (needs 5)")
     arms = [a for a in _ARMS if arm_seeds.get(a)]
     gated = PRIMARY_ARM in arms and len(arms) > 1
